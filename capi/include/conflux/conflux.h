@@ -1,0 +1,313 @@
+/*
+ * conflux.h - the public C ABI of Conflux, a data-parallel training communication library.
+ *
+ * This is the only header a user includes. It owns the stable, versioned ABI: status codes, dtypes,
+ * reduction ops, the tensor description, init options, the opaque context, asynchronous collectives
+ * and their handles. Nothing internal leaks into it.
+ *
+ * Conventions (docs/c-api.md has the full text):
+ * - Every fallible call returns a cfx_status; CFX_OK is 0. On failure cfx_last_error() holds a
+ *   message for this thread. Errors that happen later, on the background thread, belong to the
+ *   handle they concern: cfx_handle_status() / cfx_handle_message().
+ * - Out-parameters come last and are named `out`.
+ * - Tensors are described, never owned: the caller keeps `data` alive (and unmodified, for inputs)
+ *   until the handle completes. Outputs whose size is only known after negotiation (allgather,
+ *   alltoall, reducescatter) are allocated by Conflux and borrowed from the handle until it is released.
+ * - Threads: cfx_init, cfx_shutdown and cfx_context_free are called from one thread; every other
+ *   function is safe from any thread.
+ * - Enum values are pinned: they are never renumbered, only appended to.
+ */
+#ifndef CONFLUX_CONFLUX_H
+#define CONFLUX_CONFLUX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define CFX_API
+#elif defined(__GNUC__) || defined(__clang__)
+#define CFX_API __attribute__((visibility("default")))
+#else
+#define CFX_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Versions --------------------------------------------------------------------------------- */
+
+#define CFX_VERSION_MAJOR 1
+#define CFX_VERSION_MINOR 0
+#define CFX_VERSION_PATCH 0
+/* MAJOR * 10000 + MINOR * 100 + PATCH, written out (no expressions in public macros). */
+#define CFX_VERSION_NUMBER 10000
+/* The ABI major: the soname is libconflux.so.<CFX_ABI_VERSION>. */
+#define CFX_ABI_VERSION 1
+
+/* The library's CFX_VERSION_NUMBER (compare with the header's to detect a mismatched install). */
+CFX_API int cfx_version(void);
+/* "1.0.0"; static storage. */
+CFX_API const char *cfx_version_string(void);
+
+/* Bits of cfx_features(). */
+typedef enum cfx_feature {
+    CFX_FEATURE_MPI = 1,         /* built with the MPI transport */
+    CFX_FEATURE_CUDA = 2,        /* built with CUDA kernels */
+    CFX_FEATURE_NCCL = 4,        /* built with the NCCL data path */
+    CFX_FEATURE_CUDA_DEVICE = 8, /* a CUDA device is usable at run time */
+    CFX_FEATURE_LOCAL = 16       /* the in-process transport (always built) */
+} cfx_feature;
+
+/* What this build supports and what this machine offers, as cfx_feature bits. */
+CFX_API uint32_t cfx_features(void);
+
+/* ---- Status ----------------------------------------------------------------------------------- */
+
+typedef enum cfx_status {
+    CFX_OK = 0,
+    CFX_ERR_INVALID_ARGUMENT = 1, /* bad local argument: NULL, unknown enum, bad size, ... */
+    CFX_ERR_NOT_INITIALIZED = 2,  /* no context (NULL): call cfx_init first */
+    CFX_ERR_SHUT_DOWN = 3,        /* the context was shut down (locally or by another rank) */
+    CFX_ERR_DUPLICATE_NAME = 4,   /* a tensor of that name is already in flight */
+    CFX_ERR_MISMATCH = 5,         /* ranks disagree on a tensor (dtype, shape, op, root, ...) */
+    CFX_ERR_UNSUPPORTED = 6,      /* a valid request this build or this op does not support */
+    CFX_ERR_OUT_OF_MEMORY = 7,
+    CFX_ERR_TRANSPORT = 8,        /* the transport (MPI) reported an error */
+    CFX_ERR_TIMEOUT = 9,          /* cfx_wait's deadline passed; the handle is still pending */
+    CFX_ERR_IN_PROGRESS = 10,     /* the handle has not completed yet */
+    CFX_ERR_STALE_HANDLE = 11,    /* the handle was released or never existed */
+    CFX_ERR_STALL = 12,           /* some ranks never submitted the tensor before the deadline */
+    CFX_ERR_PEER_LOST = 13,       /* a peer rank exited or stopped answering */
+    CFX_ERR_CONFIG = 14,          /* a malformed CFX_* variable or option value */
+    CFX_ERR_VERSION = 15,         /* an options struct version this library does not know */
+    CFX_ERR_JOINED = 16,          /* the collective cannot run while some ranks have joined */
+    CFX_ERR_INTERNAL = 17,
+    CFX_ERR_CUDA = 18,
+    CFX_ERR_NCCL = 19
+} cfx_status;
+
+/* A short static description of a status ("mismatch across ranks"); never NULL. */
+CFX_API const char *cfx_status_string(cfx_status status);
+/* The message of this thread's last failed call; "" when there is none. Valid until this thread's
+ * next Conflux call. Never NULL. */
+CFX_API const char *cfx_last_error(void);
+
+/* ---- Data types and reduction ops ------------------------------------------------------------- */
+
+typedef enum cfx_dtype {
+    CFX_UINT8 = 0,
+    CFX_INT8 = 1,
+    CFX_UINT16 = 2,
+    CFX_INT16 = 3,
+    CFX_INT32 = 4,
+    CFX_INT64 = 5,
+    CFX_FLOAT16 = 6,  /* IEEE 754 binary16; reduced in float32, rounded to nearest even */
+    CFX_BFLOAT16 = 7, /* bfloat16; reduced in float32, rounded to nearest even */
+    CFX_FLOAT32 = 8,
+    CFX_FLOAT64 = 9,
+    CFX_BOOL = 10     /* one byte, 0 or 1; sum/max = or, min/product = and */
+} cfx_dtype;
+
+#define CFX_DTYPE_COUNT 11
+
+/* "float32", ...; "unknown" for a value out of range. */
+CFX_API const char *cfx_dtype_name(cfx_dtype dtype);
+/* Bytes per element; 0 for a value out of range. */
+CFX_API size_t cfx_dtype_size(cfx_dtype dtype);
+
+typedef enum cfx_reduce_op {
+    CFX_OP_SUM = 0,
+    CFX_OP_AVERAGE = 1, /* sum, then postscale / size (see docs/c-api.md for integers and join) */
+    CFX_OP_MIN = 2,
+    CFX_OP_MAX = 3,
+    CFX_OP_PRODUCT = 4
+} cfx_reduce_op;
+
+#define CFX_OP_COUNT 5
+
+/* "sum", "average", ...; "unknown" for a value out of range. */
+CFX_API const char *cfx_op_name(cfx_reduce_op op);
+
+/* ---- Tensors ---------------------------------------------------------------------------------- */
+
+#define CFX_DEVICE_CPU (-1)
+#define CFX_MAX_NDIM 32
+
+/* A tensor description. Conflux copies the description (shape included) at enqueue; the data
+ * itself is borrowed until the handle completes. Dense, C-contiguous. */
+typedef struct cfx_tensor {
+    void *data;           /* may be NULL only when the tensor has zero elements */
+    const int64_t *shape; /* ndim extents, each >= 0; may be NULL when ndim == 0 (a scalar) */
+    int32_t ndim;         /* 0 .. CFX_MAX_NDIM */
+    int32_t dtype;        /* a cfx_dtype */
+    int32_t device;       /* CFX_DEVICE_CPU or a CUDA device ordinal */
+    void *stream;         /* CUDA stream the producer used (NULL: default stream); CPU: ignored */
+} cfx_tensor;
+
+/* ---- Context ---------------------------------------------------------------------------------- */
+
+typedef struct cfx_context cfx_context;
+
+typedef enum cfx_transport_kind {
+    CFX_TRANSPORT_AUTO = 0,  /* MPI when built, else the single-process local transport */
+    CFX_TRANSPORT_MPI = 1,
+    CFX_TRANSPORT_LOCAL = 2  /* one process, size 1, no MPI */
+} cfx_transport_kind;
+
+#define CFX_INIT_OPTIONS_VERSION 1
+
+/* Options for cfx_init. Fill with cfx_init_options_init(&o, CFX_INIT_OPTIONS_VERSION), then set
+ * fields. A negative value means "unset": the CFX_* environment variable or the default applies.
+ * Precedence: default < environment < a field set here. Fields are only ever appended. */
+typedef struct cfx_init_options {
+    uint32_t version;               /* CFX_INIT_OPTIONS_VERSION the caller was built with */
+    int32_t transport;              /* a cfx_transport_kind */
+    int64_t fusion_threshold_bytes; /* CFX_FUSION_THRESHOLD; 0 disables fusion */
+    double cycle_time_ms;           /* CFX_CYCLE_TIME: idle wake-up period of the background thread */
+    int64_t cache_capacity;         /* CFX_CACHE_CAPACITY; 0 disables the response cache */
+    int32_t log_level;              /* CFX_LOG_LEVEL: 0 trace, 1 debug, 2 info, 3 warning, 4 error, 5 off */
+    int32_t deterministic;          /* CFX_DETERMINISTIC: 1 = bitwise reproducible reductions */
+    double stall_warning_s;         /* CFX_STALL_WARNING_S */
+    double stall_timeout_s;         /* CFX_STALL_TIMEOUT_S; 0 = never */
+    int64_t chunk_bytes;            /* CFX_CHUNK_BYTES: pipeline chunk of large reductions */
+} cfx_init_options;
+
+/* Fills `opts` with "unset" values for the given struct version. CFX_ERR_VERSION for a version
+ * this library does not know. */
+CFX_API cfx_status cfx_init_options_init(cfx_init_options *opts, uint32_t version);
+
+/* Creates a context: joins the job (MPI_COMM_WORLD duplicated, or the local transport), starts the
+ * background thread. `opts` may be NULL (all unset). Collective across ranks. */
+CFX_API cfx_status cfx_init(const cfx_init_options *opts, cfx_context **out);
+
+/* Stops the background thread after telling the other ranks; pending handles complete with
+ * CFX_ERR_SHUT_DOWN. The context stays valid for queries (later collectives return
+ * CFX_ERR_SHUT_DOWN) until cfx_context_free. Idempotent. MPI is not finalized (re-init works). */
+CFX_API cfx_status cfx_shutdown(cfx_context *ctx);
+
+/* Shuts down if needed and frees the context. Accepts NULL. Handles of this context become invalid. */
+CFX_API void cfx_context_free(cfx_context *ctx);
+
+/* 1 while the context accepts work, 0 after shutdown (local, or started by another rank) or NULL. */
+CFX_API int cfx_is_running(const cfx_context *ctx);
+
+/* Topology. Each returns -1 (and sets cfx_last_error) for a NULL context. Local = ranks on this
+ * host; cross = one rank per host with the same local rank. */
+CFX_API int cfx_rank(const cfx_context *ctx);
+CFX_API int cfx_size(const cfx_context *ctx);
+CFX_API int cfx_local_rank(const cfx_context *ctx);
+CFX_API int cfx_local_size(const cfx_context *ctx);
+CFX_API int cfx_cross_rank(const cfx_context *ctx);
+CFX_API int cfx_cross_size(const cfx_context *ctx);
+
+/* ---- Handles ---------------------------------------------------------------------------------- */
+
+/* Identifies one submitted collective. 0 is never a valid handle. A released or unknown handle
+ * makes every call below return CFX_ERR_STALE_HANDLE; it never crashes. */
+typedef uint64_t cfx_handle;
+
+/* `*out` = 1 when the handle has completed (successfully or not), else 0. */
+CFX_API cfx_status cfx_poll(cfx_context *ctx, cfx_handle handle, int *out);
+
+/* Waits for completion, at most timeout_s seconds (negative: no limit). Returns the collective's
+ * status, or CFX_ERR_TIMEOUT when the deadline passed first (the handle stays pending). */
+CFX_API cfx_status cfx_wait(cfx_context *ctx, cfx_handle handle, double timeout_s);
+
+/* The collective's status: CFX_ERR_IN_PROGRESS while pending. */
+CFX_API cfx_status cfx_handle_status(cfx_context *ctx, cfx_handle handle);
+
+/* The collective's message ("" when it succeeded or is pending); borrowed until release. NULL for a
+ * stale handle. */
+CFX_API const char *cfx_handle_message(cfx_context *ctx, cfx_handle handle);
+
+/* Releases a handle and its outputs. A pending handle is detached: the collective still runs and
+ * its buffers must stay alive until it would have completed. */
+CFX_API cfx_status cfx_handle_release(cfx_context *ctx, cfx_handle handle);
+
+/* Number of outputs Conflux allocated for a completed handle (allgather, alltoall, reducescatter:
+ * one per input tensor; 0 for the others). */
+CFX_API cfx_status cfx_handle_output_count(cfx_context *ctx, cfx_handle handle, size_t *out);
+
+/* Describes output `index` of a completed handle; `out->data` and `out->shape` are borrowed until
+ * the handle is released. */
+CFX_API cfx_status cfx_handle_output(cfx_context *ctx, cfx_handle handle, size_t index,
+                                     cfx_tensor *out);
+
+/* Copies output `index` into `dst` (dst_bytes must be at least the output's size in bytes). */
+CFX_API cfx_status cfx_handle_output_copy(cfx_context *ctx, cfx_handle handle, size_t index,
+                                          void *dst, size_t dst_bytes);
+
+/* Per-rank row counts of output `index`: for allgather the dim-0 extent each rank contributed, for
+ * alltoall the rows received from each rank. `*out` borrows `size` entries until release. */
+CFX_API cfx_status cfx_handle_splits(cfx_context *ctx, cfx_handle handle, size_t index,
+                                     const int64_t **out);
+
+/* For a completed join: the rank that joined last. */
+CFX_API cfx_status cfx_handle_join_rank(cfx_context *ctx, cfx_handle handle, int *out);
+
+/* ---- Collectives ------------------------------------------------------------------------------ */
+/*
+ * Every collective is asynchronous: it validates its arguments locally, queues the work and returns
+ * a handle at once. Ranks may submit tensors in any order; a tensor runs once every rank submitted
+ * it under the same name. `name` identifies the tensor across ranks; NULL asks for a generated name
+ * ("<op>.noname.<n>", counted per context, so ranks must then submit in the same order). A name may
+ * be reused once its previous collective completed.
+ */
+
+/* Reduces `input` across ranks. `output` receives the result (same dtype and shape); NULL or
+ * input->data means in place. Result = postscale * op(prescale * x_r over ranks r); AVERAGE
+ * divides by the number of ranks in addition. */
+CFX_API cfx_status cfx_allreduce_async(cfx_context *ctx, const char *name, const cfx_tensor *input,
+                                       void *output, cfx_reduce_op op, double prescale,
+                                       double postscale, cfx_handle *out);
+
+/* Reduces `count` tensors negotiated and completed together under one handle. Tensor i is named
+ * "<name>.<i>". `outputs` may be NULL (all in place) or hold `count` pointers (NULL entries in place). */
+CFX_API cfx_status cfx_grouped_allreduce_async(cfx_context *ctx, const char *name, size_t count,
+                                               const cfx_tensor *inputs, void *const *outputs,
+                                               cfx_reduce_op op, double prescale, double postscale,
+                                               cfx_handle *out);
+
+/* Concatenates every rank's `input` along dim 0 (dim 0 may differ per rank, the other dims must
+ * match). Output 0 of the handle holds the result; cfx_handle_splits gives each rank's rows. */
+CFX_API cfx_status cfx_allgather_async(cfx_context *ctx, const char *name, const cfx_tensor *input,
+                                       cfx_handle *out);
+
+CFX_API cfx_status cfx_grouped_allgather_async(cfx_context *ctx, const char *name, size_t count,
+                                               const cfx_tensor *inputs, cfx_handle *out);
+
+/* Copies root_rank's tensor into `tensor` on every rank, in place. */
+CFX_API cfx_status cfx_broadcast_async(cfx_context *ctx, const char *name, const cfx_tensor *tensor,
+                                       int root_rank, cfx_handle *out);
+
+/* Sends splits[j] rows of `input` (dim 0, in order) to rank j. `splits` = NULL splits dim 0 equally
+ * (it must divide by size); else `nsplits` must equal size. Output 0 holds the received rows;
+ * cfx_handle_splits gives the rows received from each rank. */
+CFX_API cfx_status cfx_alltoall_async(cfx_context *ctx, const char *name, const cfx_tensor *input,
+                                      const int64_t *splits, size_t nsplits, cfx_handle *out);
+
+/* Reduces `input` across ranks and leaves rank r the r-th block of dim 0: with d0 rows and n ranks,
+ * the first d0 % n ranks get d0 / n + 1 rows, the others d0 / n. Output 0 holds this rank's block. */
+CFX_API cfx_status cfx_reducescatter_async(cfx_context *ctx, const char *name,
+                                           const cfx_tensor *input, cfx_reduce_op op,
+                                           double prescale, double postscale, cfx_handle *out);
+
+CFX_API cfx_status cfx_grouped_reducescatter_async(cfx_context *ctx, const char *name, size_t count,
+                                                   const cfx_tensor *inputs, cfx_reduce_op op,
+                                                   double prescale, double postscale,
+                                                   cfx_handle *out);
+
+/* Completes once every rank reached it. */
+CFX_API cfx_status cfx_barrier_async(cfx_context *ctx, cfx_handle *out);
+
+/* Declares that this rank has no more data. Until every rank joined, it takes part in the other
+ * ranks' allreduces with the identity of the op; completes when all ranks joined
+ * (cfx_handle_join_rank gives the last one). */
+CFX_API cfx_status cfx_join_async(cfx_context *ctx, cfx_handle *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CONFLUX_CONFLUX_H */

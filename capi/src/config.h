@@ -1,0 +1,44 @@
+/*
+ * config - the engine's settings: defaults, then CFX_* environment variables, then the fields the
+ * caller set in cfx_init_options. A malformed variable or value is an error naming it.
+ *
+ * Settings that decide the shape of the work (fusion threshold, chunk size, cache capacity,
+ * deterministic mode, cycle time, stall deadlines) must agree across ranks: context init
+ * broadcasts rank 0's values (cx_config_agreed) and every rank uses those.
+ */
+#ifndef CFX_CONFIG_H
+#define CFX_CONFIG_H
+
+#include <stdint.h>
+
+#include "conflux/conflux.h"
+
+#define CX_PATH_MAX 1024
+
+typedef struct cx_config {
+    int32_t transport;          /* cfx_transport_kind */
+    int64_t fusion_threshold;   /* bytes; 0 = no fusion */
+    int64_t chunk_bytes;        /* large reductions run as chunks of this size */
+    int64_t cache_capacity;     /* entries; 0 = no cache */
+    double cycle_time_ms;       /* idle wake-up period of the background thread */
+    double stall_warning_s;
+    double stall_timeout_s;     /* 0 = never */
+    int32_t log_level;
+    int32_t deterministic;
+    char log_file[CX_PATH_MAX]; /* "" = stderr */
+} cx_config;
+
+/* The fields every rank must share (broadcast from rank 0 at init). */
+typedef struct cx_config_agreed {
+    int64_t fusion_threshold, chunk_bytes, cache_capacity;
+    double cycle_time_ms, stall_warning_s, stall_timeout_s;
+    int32_t deterministic, pad;
+} cx_config_agreed;
+
+/* Fills *cfg from defaults, the environment and `opts` (may be NULL). */
+cfx_status cx_config_load(cx_config *cfg, const cfx_init_options *opts);
+
+void cx_config_get_agreed(const cx_config *cfg, cx_config_agreed *out);
+void cx_config_set_agreed(cx_config *cfg, const cx_config_agreed *agreed);
+
+#endif /* CFX_CONFIG_H */

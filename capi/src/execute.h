@@ -1,0 +1,49 @@
+/*
+ * execute - the collective engine: runs an ordered response list on this rank.
+ *
+ * For each response (or fused batch, see fusion.h) it takes the local entries out of the tensor
+ * table, moves their bytes through the transport's data plane, applies prescale/postscale and the
+ * average, stores the outputs Conflux allocates (allgather, alltoall, reducescatter) and completes
+ * the handles. Large buffers are reduced as chunks of the agreed chunk size. In deterministic mode
+ * every element is reduced in rank order 0..n-1 by its owning rank, whatever the fusion packing or
+ * chunking, so results are bitwise reproducible run to run. A rank that has joined takes part in
+ * allreduces with the identity of the op. Called by the background thread alone.
+ */
+#ifndef CFX_EXECUTE_H
+#define CFX_EXECUTE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "config.h"
+#include "handles.h"
+#include "log.h"
+#include "queue.h"
+#include "transport.h"
+#include "wire.h"
+
+typedef struct cx_exec {
+    cx_transport *transport;
+    const cx_config *cfg;
+    cx_queue *queue;
+    cx_handles *handles;
+    const cx_logger *log;
+    bool joined;          /* this rank has joined and not yet been released by the join */
+    void *fusion;         /* the fusion buffer, grown on demand up to the threshold */
+    size_t fusion_cap;
+    void *scratch;        /* staging for deterministic reductions and joined ranks */
+    size_t scratch_cap;
+} cx_exec;
+
+void cx_exec_init(cx_exec *x, cx_transport *t, const cx_config *cfg, cx_queue *q, cx_handles *h,
+                  const cx_logger *log);
+void cx_exec_destroy(cx_exec *x);
+
+/* Runs every response in order. A transport failure fails the affected tensors and is returned
+ * (the context can no longer communicate); mismatches only fail their own tensors. */
+cfx_status cx_execute(cx_exec *x, const cx_response_list *responses);
+
+/* Completes an entry with a status and frees it. */
+void cx_exec_complete(cx_exec *x, cx_entry *e, cfx_status status, const char *message);
+
+#endif /* CFX_EXECUTE_H */

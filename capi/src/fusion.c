@@ -1,0 +1,40 @@
+/* fusion - which consecutive responses share one fusion buffer (see fusion.h). */
+#include "fusion.h"
+
+#include "dtype.h"
+
+size_t cx_response_bytes(const cx_response *r)
+{
+    return (size_t)cx_shape_elements(r->ndim, r->shape) * cfx_dtype_size(r->dtype);
+}
+
+static int fusible(const cx_response *r, int64_t chunk_bytes)
+{
+    return r->status == CFX_OK && r->coll == CX_ALLREDUCE &&
+           (int64_t)cx_response_bytes(r) < chunk_bytes;
+}
+
+static int compatible(const cx_response *a, const cx_response *b)
+{
+    return a->dtype == b->dtype && a->device == b->device && a->op == b->op &&
+           a->prescale == b->prescale && a->postscale == b->postscale;
+}
+
+size_t cx_fusion_batch(const cx_response *items, size_t count, size_t start,
+                       int64_t fusion_threshold, int64_t chunk_bytes)
+{
+    const cx_response *first = &items[start];
+    if (!fusible(first, chunk_bytes))
+        return 1;
+    int64_t total = (int64_t)cx_response_bytes(first);
+    size_t n = 1;
+    while (start + n < count) {
+        const cx_response *next = &items[start + n];
+        int64_t bytes = (int64_t)cx_response_bytes(next);
+        if (!fusible(next, chunk_bytes) || !compatible(first, next) || total + bytes > fusion_threshold)
+            break;
+        total += bytes;
+        n++;
+    }
+    return n;
+}

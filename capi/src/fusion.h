@@ -1,0 +1,25 @@
+/*
+ * fusion - decides which consecutive responses share one fusion buffer.
+ *
+ * Small tensors pay per-operation latency, so consecutive allreduce responses of the same dtype,
+ * device, op and scale factors are packed into one buffer, up to the fusion threshold. A tensor of
+ * at least the chunk size gains nothing from fusion (it is reduced in place, chunk by chunk, and
+ * packing would only add a copy in and a copy out), so it runs alone. The plan is a pure function
+ * of the response list and the agreed settings, so every rank computes the same one.
+ */
+#ifndef CFX_FUSION_H
+#define CFX_FUSION_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "wire.h"
+
+/* Bytes of a response's tensor on one rank (allreduce, broadcast, reducescatter). */
+size_t cx_response_bytes(const cx_response *r);
+
+/* How many responses, starting at items[start], run together (>= 1). */
+size_t cx_fusion_batch(const cx_response *items, size_t count, size_t start,
+                       int64_t fusion_threshold, int64_t chunk_bytes);
+
+#endif /* CFX_FUSION_H */

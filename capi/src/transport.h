@@ -1,0 +1,71 @@
+/*
+ * transport - the one internal interface between the engine and a communication backend.
+ *
+ * A transport owns a communicator (MPI: a duplicate of MPI_COMM_WORLD; local: a group of threads in
+ * one process) and offers two planes:
+ * - the control plane the background thread negotiates over (gather of request bytes at rank 0,
+ *   broadcast of the response bytes, an AND-allreduce of a bit vector);
+ * - the data plane the collective engine moves tensor bytes over (host memory only).
+ * Every call is made by the context's background thread alone, in the same order on every rank, so
+ * implementations need no locking. Calls block until done but must not burn a core while they wait
+ * (nonblocking operation, short spin, then sleeping backoff). On failure a call returns a status and
+ * sets cfx_last_error() on the calling thread; the engine then fails the affected handles.
+ *
+ * Implementations: transport_mpi.c (Open MPI), transport_local.c (thread ranks, and size 1).
+ */
+#ifndef CFX_TRANSPORT_H
+#define CFX_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "conflux/conflux.h"
+
+typedef struct cx_transport cx_transport;
+
+typedef struct cx_transport_ops {
+    const char *name; /* "mpi", "local" */
+
+    /* -- control plane -- */
+    /* Gathers `len` bytes from every rank at rank 0. At rank 0, *recv_out is a malloc'ed
+     * concatenation in rank order (the caller frees it) and lens_out[r] the bytes of rank r
+     * (lens_out has size entries). Other ranks get *recv_out = NULL. */
+    cfx_status (*gather_bytes)(cx_transport *t, const void *send, size_t len, void **recv_out,
+                               size_t *lens_out);
+    /* Broadcasts a byte string from `root`. At root *buf/len are the input; elsewhere *buf is set
+     * to a malloc'ed copy (the caller frees it) and *len to its size. */
+    cfx_status (*bcast_bytes)(cx_transport *t, void **buf, size_t *len, int root);
+    /* words[i] = AND over ranks of words[i], in place. */
+    cfx_status (*allreduce_and)(cx_transport *t, uint64_t *words, size_t count);
+
+    /* -- data plane (host memory) -- */
+    /* In place: buf = op over ranks (AVERAGE is treated as SUM; the engine scales). */
+    cfx_status (*allreduce)(cx_transport *t, void *buf, size_t count, cfx_dtype dtype,
+                            cfx_reduce_op op);
+    /* Each rank sends send_bytes; rank r's bytes land at recv + displs[r] (recv_bytes[r] long). */
+    cfx_status (*allgatherv)(cx_transport *t, const void *send, size_t send_bytes, void *recv,
+                             const size_t *recv_bytes, const size_t *displs);
+    cfx_status (*broadcast)(cx_transport *t, void *buf, size_t bytes, int root);
+    /* Rank r sends send_bytes[j] from send + sdispls[j] to rank j, receives recv_bytes[j] from
+     * rank j at recv + rdispls[j]. */
+    cfx_status (*alltoallv)(cx_transport *t, const void *send, const size_t *send_bytes,
+                            const size_t *sdispls, void *recv, const size_t *recv_bytes,
+                            const size_t *rdispls);
+    /* Reduces `send` (sum of counts[] elements) across ranks; rank r receives elements
+     * [sum(counts[0..r)), +counts[r]) in recv. */
+    cfx_status (*reduce_scatter)(cx_transport *t, const void *send, void *recv,
+                                 const size_t *counts, cfx_dtype dtype, cfx_reduce_op op);
+    cfx_status (*barrier)(cx_transport *t);
+
+    /* Frees the transport (collective: every rank calls it, in the same place of the order). */
+    void (*destroy)(cx_transport *t);
+} cx_transport_ops;
+
+struct cx_transport {
+    const cx_transport_ops *ops;
+    int rank, size;
+    int local_rank, local_size; /* ranks sharing this host */
+    int cross_rank, cross_size; /* ranks with this local rank, one per host */
+};
+
+#endif /* CFX_TRANSPORT_H */

@@ -1,0 +1,92 @@
+/*
+ * wire - requests and responses of the coordinator protocol, and their byte codec.
+ *
+ * A request is one rank's description of one tensor it submitted; a response is the coordinator's
+ * decision for one tensor (run it with these parameters, or fail it with this message). Lists of
+ * them travel as little-endian byte strings over the transport's control plane. Decoding checks
+ * every length against the buffer, so a corrupt message is an error, never a crash.
+ */
+#ifndef CFX_WIRE_H
+#define CFX_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "conflux/conflux.h"
+
+typedef struct cx_request {
+    char *name;  /* owned */
+    char *group; /* owned; NULL when not part of a grouped call */
+    uint32_t group_size;
+    uint8_t coll, dtype, op; /* cx_coll, cfx_dtype, cfx_reduce_op */
+    int32_t device;
+    int32_t root;
+    int32_t ndim;
+    int64_t shape[CFX_MAX_NDIM];
+    double prescale, postscale;
+} cx_request;
+
+enum { CX_LIST_SHUTDOWN = 1, CX_LIST_JOINED = 2 };
+
+typedef struct cx_request_list {
+    int32_t rank;
+    uint32_t flags; /* CX_LIST_* */
+    size_t count;
+    cx_request *items;
+} cx_request_list;
+
+typedef struct cx_response {
+    char *name;  /* owned */
+    char *group; /* owned or NULL */
+    uint32_t group_size;
+    uint8_t coll, dtype, op;
+    int32_t device, root, ndim;
+    int64_t shape[CFX_MAX_NDIM]; /* the agreed shape (allgather: rank 0's) */
+    double prescale, postscale;
+    int32_t status;       /* CFX_OK, or the error every rank completes the tensor with */
+    char *message;        /* owned; the error text, NULL when ok */
+    uint32_t nrows;       /* allgather: entries of rank_rows (= size) */
+    int64_t *rank_rows;   /* owned; allgather: each rank's dim-0 extent */
+    int32_t last_joined;  /* join: the rank that joined last */
+} cx_response;
+
+typedef struct cx_response_list {
+    uint32_t flags; /* CX_LIST_SHUTDOWN */
+    size_t count;
+    cx_response *items;
+} cx_response_list;
+
+/* A growable byte buffer. */
+typedef struct cx_bytes {
+    uint8_t *data;
+    size_t len, cap;
+    bool failed; /* an allocation failed; the content is incomplete */
+} cx_bytes;
+
+void cx_bytes_free(cx_bytes *b);
+
+void cx_request_free(cx_request *r);
+void cx_response_free(cx_response *r);
+void cx_request_list_free(cx_request_list *l);
+void cx_response_list_free(cx_response_list *l);
+
+/* Deep copies; false when out of memory. */
+bool cx_request_copy(cx_request *dst, const cx_request *src);
+bool cx_response_copy(cx_response *dst, const cx_response *src);
+
+/* Appends to `out`; returns CFX_ERR_OUT_OF_MEMORY on failure. */
+cfx_status cx_encode_requests(const cx_request_list *l, cx_bytes *out);
+cfx_status cx_encode_responses(const cx_response_list *l, cx_bytes *out);
+
+/* Decodes a whole byte string into *out (freed with the _free functions, also on failure).
+ * CFX_ERR_INTERNAL with a message when the bytes are malformed. */
+cfx_status cx_decode_requests(const void *data, size_t len, cx_request_list *out);
+cfx_status cx_decode_responses(const void *data, size_t len, cx_response_list *out);
+
+/* Elements of a shape (product of extents; 1 for a scalar). */
+int64_t cx_shape_elements(int32_t ndim, const int64_t *shape);
+/* "[2, 3, 4]" into buf. */
+const char *cx_shape_format(int32_t ndim, const int64_t *shape, char *buf, size_t size);
+
+#endif /* CFX_WIRE_H */

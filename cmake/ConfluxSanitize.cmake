@@ -1,0 +1,10 @@
+# CONFLUX_SANITIZE=address: ASan + UBSan; =thread: TSan. Applied to every target in this build.
+if(CONFLUX_SANITIZE STREQUAL "address")
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+elseif(CONFLUX_SANITIZE STREQUAL "thread")
+  add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=thread)
+elseif(NOT CONFLUX_SANITIZE STREQUAL "")
+  message(FATAL_ERROR "CONFLUX_SANITIZE must be '', 'address' or 'thread', not '${CONFLUX_SANITIZE}'")
+endif()

@@ -1,0 +1,2 @@
+/* support - helpers shared by the unit tests (see support.h). */
+#include "support.h"
