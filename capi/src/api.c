@@ -39,7 +39,6 @@ uint32_t cfx_features(void)
 
 cfx_status cfx_init_options_init(cfx_init_options *opts, uint32_t version)
 {
-    cx_clear_error();
     if (!opts)
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_init_options_init: opts is NULL");
     if (version != CFX_INIT_OPTIONS_VERSION)
@@ -81,7 +80,6 @@ static cfx_status create_transport(const cx_config *cfg, cx_transport **out)
 
 cfx_status cfx_init(const cfx_init_options *opts, cfx_context **out)
 {
-    cx_clear_error();
     if (!out)
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_init: out is NULL");
     *out = NULL;
@@ -97,7 +95,6 @@ cfx_status cfx_init(const cfx_init_options *opts, cfx_context **out)
 
 cfx_status cfx_shutdown(cfx_context *ctx)
 {
-    cx_clear_error();
     if (!ctx)
         return cx_fail(CFX_ERR_NOT_INITIALIZED, "cfx_shutdown: context is NULL");
     return cx_context_shutdown(ctx);
@@ -269,7 +266,6 @@ static cfx_status submit(cfx_context *ctx, cx_entry **entries, size_t n, size_t 
         return st;
     }
     *out = h;
-    cx_clear_error();
     return CFX_OK;
 }
 
@@ -546,7 +542,6 @@ cfx_status cfx_join_async(cfx_context *ctx, cfx_handle *out)
 
 #define HANDLE_CALL(fn, expr)                                                                \
     do {                                                                                     \
-        cx_clear_error();                                                                    \
         if (!ctx)                                                                            \
             return cx_fail(CFX_ERR_NOT_INITIALIZED, fn ": context is NULL");                 \
         return (expr);                                                                       \
@@ -573,7 +568,6 @@ cfx_status cfx_handle_status(cfx_context *ctx, cfx_handle handle)
 
 const char *cfx_handle_message(cfx_context *ctx, cfx_handle handle)
 {
-    cx_clear_error();
     if (!ctx) {
         cx_fail(CFX_ERR_NOT_INITIALIZED, "cfx_handle_message: context is NULL");
         return NULL;

@@ -311,6 +311,8 @@ static void shutdown_reason(cx_loop *L, char *buf, size_t size)
 
 static void fail_all(cx_loop *L, cfx_status status, const char *reason)
 {
+    /* Not running from here on, before any waiter can see its handle fail. */
+    atomic_store(&L->ctx->running, 0);
     cx_entry *e = cx_queue_close(&L->ctx->queue, reason);
     while (e) {
         cx_entry *next = e->next;

@@ -396,20 +396,20 @@ cfx_status cx_coordinator_check_stalls(cx_coordinator *c, double now, double war
         cx_pending *p = value;
         double age = now - p->first_seen;
         char ready[512], missing[512];
+        int submitter = 0; /* the lowest rank that submitted: a request to describe the tensor */
+        while (!p->reqs[submitter].name)
+            submitter++;
         if (timeout_s > 0 && age >= timeout_s) {
             format_ranks(c, p, true, ready, sizeof ready);
             format_ranks(c, p, false, missing, sizeof missing);
             cx_response r;
-            int first = 0;
-            while (!p->reqs[first].name)
-                first++;
             memset(&r, 0, sizeof r);
-            r.coll = p->reqs[first].coll;
-            r.dtype = p->reqs[first].dtype;
-            r.device = p->reqs[first].device;
+            r.coll = p->reqs[submitter].coll;
+            r.dtype = p->reqs[submitter].dtype;
+            r.device = p->reqs[submitter].device;
             r.last_joined = -1;
             r.name = strdup(key);
-            r.group = p->reqs[first].group ? strdup(p->reqs[first].group) : NULL;
+            r.group = p->reqs[submitter].group ? strdup(p->reqs[submitter].group) : NULL;
             r.group_size = 0; /* a stalled member fails alone; its group can never complete */
             fail_response(&r, CFX_ERR_STALL, "tensor '%s': stalled for %.1f s (CFX_STALL_TIMEOUT_S=%g): "
                           "submitted by ranks [%s] but never by ranks [%s]", key, age, timeout_s,
@@ -430,7 +430,7 @@ cfx_status cx_coordinator_check_stalls(cx_coordinator *c, double now, double war
             format_ranks(c, p, false, missing, sizeof missing);
             cx_log(log, CX_LOG_WARNING, "stall", "tensor '%s' (%s) has waited %.1f s: ready on ranks "
                    "[%s], missing on ranks [%s]. Ranks may be submitting different tensors, or some "
-                   "ranks stopped submitting.", key, cx_coll_name(p->reqs[0].name ? p->reqs[0].coll : 0),
+                   "ranks stopped submitting.", key, cx_coll_name(p->reqs[submitter].coll),
                    age, ready, missing);
         }
     }

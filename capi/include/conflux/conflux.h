@@ -89,8 +89,9 @@ typedef enum cfx_status {
 
 /* A short static description of a status ("mismatch across ranks"); never NULL. */
 CFX_API const char *cfx_status_string(cfx_status status);
-/* The message of this thread's last failed call; "" when there is none. Valid until this thread's
- * next Conflux call. Never NULL. */
+/* The message of this thread's last failed call ("" before any failure). Successful calls leave
+ * it alone, so read it right after a call returned an error. Valid until this thread's next
+ * failing Conflux call. Never NULL. */
 CFX_API const char *cfx_last_error(void);
 
 /* ---- Data types and reduction ops ------------------------------------------------------------- */
