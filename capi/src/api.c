@@ -614,3 +614,27 @@ cfx_status cfx_handle_join_rank(cfx_context *ctx, cfx_handle handle, int *out)
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_handle_join_rank: out is NULL");
     HANDLE_CALL("cfx_handle_join_rank", cx_handles_join_rank(&ctx->handles, handle, out));
 }
+
+/* ---- observability ------------------------------------------------------------------------- */
+
+cfx_status cfx_timeline_start(cfx_context *ctx, const char *path, int mark_cycles)
+{
+    if (!ctx)
+        return cx_fail(CFX_ERR_NOT_INITIALIZED, "cfx_timeline_start: context is NULL");
+    if (!path || !*path)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_timeline_start: path is %s",
+                       path ? "empty" : "NULL");
+    if (strlen(path) >= CX_PATH_MAX)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_timeline_start: path longer than %d bytes",
+                       CX_PATH_MAX - 1);
+    return cx_context_set_timeline(ctx, path, mark_cycles != 0);
+}
+
+cfx_status cfx_timeline_stop(cfx_context *ctx)
+{
+    if (!ctx)
+        return cx_fail(CFX_ERR_NOT_INITIALIZED, "cfx_timeline_stop: context is NULL");
+    if (!ctx->thread_started)
+        return CFX_OK; /* shutdown already closed it */
+    return cx_context_set_timeline(ctx, NULL, false);
+}

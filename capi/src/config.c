@@ -74,6 +74,19 @@ static cfx_status parse_bool(const char *var, const char *text, int32_t *out)
     return cx_fail(CFX_ERR_CONFIG, "%s=\"%s\": expected 1/0, true/false, yes/no or on/off", var, text);
 }
 
+/* "auto" (-1) or a boolean. */
+static cfx_status parse_tristate(const char *var, const char *text, int32_t *out)
+{
+    if (!strcasecmp(text, "auto")) {
+        *out = -1;
+        return CFX_OK;
+    }
+    if (parse_bool(var, text, out) == CFX_OK)
+        return CFX_OK;
+    return cx_fail(CFX_ERR_CONFIG, "%s=\"%s\": expected auto, 1/0, true/false, yes/no or on/off",
+                   var, text);
+}
+
 static const char *env(const char *name)
 {
     const char *v = getenv(name);
@@ -104,6 +117,11 @@ static cfx_status load_env(cx_config *cfg)
         return st;
     if ((v = env("CFX_DETERMINISTIC")) && (st = parse_bool("CFX_DETERMINISTIC", v, &cfg->deterministic)))
         return st;
+    if ((v = env("CFX_SHM")) && (st = parse_tristate("CFX_SHM", v, &cfg->shm)))
+        return st;
+    if ((v = env("CFX_HIERARCHICAL_ALLREDUCE")) &&
+        (st = parse_tristate("CFX_HIERARCHICAL_ALLREDUCE", v, &cfg->hierarchical)))
+        return st;
     if ((v = env("CFX_LOG_LEVEL"))) {
         int level = cx_log_level_parse(v);
         if (level < 0)
@@ -115,6 +133,29 @@ static cfx_status load_env(cx_config *cfg)
         if (strlen(v) >= sizeof cfg->log_file)
             return cx_fail(CFX_ERR_CONFIG, "CFX_LOG_FILE: path longer than %d bytes", CX_PATH_MAX - 1);
         strcpy(cfg->log_file, v);
+    }
+    /* Observability: timeline and autotune (docs/timeline.md). */
+    if ((v = env("CFX_TIMELINE"))) {
+        if (strlen(v) >= sizeof cfg->timeline - 16)
+            return cx_fail(CFX_ERR_CONFIG, "CFX_TIMELINE: path longer than %d bytes", CX_PATH_MAX - 17);
+        strcpy(cfg->timeline, v);
+    }
+    double mb;
+    if ((v = env("CFX_TIMELINE_MAX_MB"))) {
+        if ((st = parse_double("CFX_TIMELINE_MAX_MB", v, &mb)))
+            return st;
+        cfg->timeline_max_bytes = (int64_t)(mb * 1048576.0);
+    }
+    if ((v = env("CFX_TIMELINE_MARK_CYCLES")) && (st = parse_bool("CFX_TIMELINE_MARK_CYCLES", v, &cfg->timeline_cycles)))
+        return st;
+    if ((v = env("CFX_AUTOTUNE")) && (st = parse_bool("CFX_AUTOTUNE", v, &cfg->autotune)))
+        return st;
+    if ((v = env("CFX_AUTOTUNE_WINDOW_S")) && (st = parse_double("CFX_AUTOTUNE_WINDOW_S", v, &cfg->autotune_window_s)))
+        return st;
+    if ((v = env("CFX_AUTOTUNE_LOG"))) {
+        if (strlen(v) >= sizeof cfg->autotune_log)
+            return cx_fail(CFX_ERR_CONFIG, "CFX_AUTOTUNE_LOG: path longer than %d bytes", CX_PATH_MAX - 1);
+        strcpy(cfg->autotune_log, v);
     }
     return CFX_OK;
 }
@@ -173,6 +214,10 @@ cfx_status cx_config_load(cx_config *cfg, const cfx_init_options *opts)
     cfg->stall_timeout_s = DEFAULT_STALL_TIMEOUT_S;
     cfg->log_level = CX_LOG_WARNING;
     cfg->deterministic = 0;
+    cfg->shm = -1;
+    cfg->hierarchical = -1;
+    cfg->timeline_max_bytes = 256ll << 20; /* CFX_TIMELINE_MAX_MB */
+    cfg->autotune_window_s = 0.5;
     cfx_status st = load_env(cfg);
     if (st == CFX_OK && opts)
         st = load_options(cfg, opts);
@@ -191,6 +236,8 @@ void cx_config_get_agreed(const cx_config *cfg, cx_config_agreed *out)
     out->stall_warning_s = cfg->stall_warning_s;
     out->stall_timeout_s = cfg->stall_timeout_s;
     out->deterministic = cfg->deterministic;
+    out->shm = cfg->shm;
+    out->hierarchical = cfg->hierarchical;
 }
 
 void cx_config_set_agreed(cx_config *cfg, const cx_config_agreed *a)
@@ -202,4 +249,6 @@ void cx_config_set_agreed(cx_config *cfg, const cx_config_agreed *a)
     cfg->stall_warning_s = a->stall_warning_s;
     cfg->stall_timeout_s = a->stall_timeout_s;
     cfg->deterministic = a->deterministic;
+    cfg->shm = a->shm;
+    cfg->hierarchical = a->hierarchical;
 }

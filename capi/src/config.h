@@ -25,14 +25,23 @@ typedef struct cx_config {
     double stall_timeout_s;     /* 0 = never */
     int32_t log_level;
     int32_t deterministic;
+    int32_t shm;                /* CFX_SHM: -1 auto (on when ranks share a host), 0 off, 1 on */
+    int32_t hierarchical;       /* CFX_HIERARCHICAL_ALLREDUCE: -1 auto (on across hosts), 0, 1 */
     char log_file[CX_PATH_MAX]; /* "" = stderr */
+    /* Observability (timeline.h, autotune.h); per rank, not agreed. */
+    char timeline[CX_PATH_MAX];  /* CFX_TIMELINE: "" = off; the rank goes into the name */
+    int64_t timeline_max_bytes;  /* CFX_TIMELINE_MAX_MB; 0 = no cap */
+    int32_t timeline_cycles;     /* CFX_TIMELINE_MARK_CYCLES */
+    int32_t autotune;            /* CFX_AUTOTUNE: rank 0's value counts */
+    double autotune_window_s;    /* CFX_AUTOTUNE_WINDOW_S */
+    char autotune_log[CX_PATH_MAX]; /* CFX_AUTOTUNE_LOG: "" = none */
 } cx_config;
 
 /* The fields every rank must share (broadcast from rank 0 at init). */
 typedef struct cx_config_agreed {
     int64_t fusion_threshold, chunk_bytes, cache_capacity;
     double cycle_time_ms, stall_warning_s, stall_timeout_s;
-    int32_t deterministic, pad;
+    int32_t deterministic, shm, hierarchical, pad;
 } cx_config_agreed;
 
 /* Fills *cfg from defaults, the environment and `opts` (may be NULL). */

@@ -28,12 +28,24 @@ struct cfx_context {
     cx_queue queue;
     cx_handles handles;
     cx_loop *loop;
+    struct cx_shm *shm;            /* intra-node data path, or NULL */
+    bool hierarchical;
     pthread_t thread;
     bool thread_started;
     atomic_int running;            /* 1 while the background thread accepts work */
     atomic_int shutdown_requested; /* cfx_shutdown was called on this rank */
     atomic_ulong noname_counter[8]; /* per collective kind, for generated names */
     int rank, size, local_rank, local_size, cross_rank, cross_size;
+    /* Observability (timeline.h). `timeline` belongs to the background thread while it runs (NULL
+     * = off: the hooks check only that); cfx_timeline_start/stop hand a new one over in tl_next,
+     * which the thread adopts at the top of its next cycle (tl_change set). */
+    struct cx_timeline *timeline;
+    pthread_mutex_t tl_mu;
+    pthread_cond_t tl_cv;
+    struct cx_timeline *tl_next;
+    atomic_int tl_change;
+    uint64_t tl_requested, tl_applied;
+    struct cfx_context *live_next; /* the process's live contexts, for the exit handler */
 };
 
 /* Creates a context over `transport` (ownership moves to the context, also on failure) and starts
@@ -42,6 +54,13 @@ cfx_status cx_context_create(cx_transport *transport, const cx_config *cfg, cfx_
 
 /* Stops the background thread (collectively, see loop.h); idempotent. */
 cfx_status cx_context_shutdown(cfx_context *ctx);
+
+/* Background thread: adopts the timeline cfx_timeline_start/stop handed over (tl_change). */
+void cx_context_apply_timeline(cfx_context *ctx);
+
+/* Starts (path != NULL) or stops the timeline at run time; waits until the background thread
+ * adopted the change. The rank is inserted into `path` (cx_timeline_rank_path). */
+cfx_status cx_context_set_timeline(cfx_context *ctx, const char *path, bool mark_cycles);
 
 /* Shuts down if needed and frees everything. */
 void cx_context_free(cfx_context *ctx);

@@ -9,6 +9,8 @@
 #include "error.h"
 #include "fusion.h"
 #include "reduce.h"
+#include "shm.h"
+#include "timeline.h"
 
 void cx_exec_init(cx_exec *x, cx_transport *t, const cx_config *cfg, cx_queue *q, cx_handles *h,
                   const cx_logger *log)
@@ -104,6 +106,10 @@ static cfx_status reduce_buffer(cx_exec *x, void *buf, size_t n, cfx_dtype dtype
     size_t step = elements_per_chunk(x, esize);
     if (t->size == 1)
         return CFX_OK;
+    /* The shared-memory path combines in rank order, so it keeps the deterministic guarantee on
+     * one host; across hosts, deterministic mode takes the ordered path below. */
+    if (x->shm && (!x->cfg->deterministic || !x->hierarchical))
+        return cx_shm_allreduce(x->shm, t, buf, n, dtype, op, x->hierarchical);
     if (!x->cfg->deterministic) {
         for (size_t off = 0; off < n; off += step) {
             size_t len = n - off < step ? n - off : step;
@@ -159,6 +165,34 @@ static void fail_entries(cx_exec *x, const cx_response *items, size_t n, cx_entr
     }
 }
 
+/* Timeline (timeline.h): PACK, ALLREDUCE and UNPACK of a batch, from stamps t[0..3], on the lane
+ * of every tensor in it. */
+#define TL_STAMP(t, i) do { if (CX_TL(x->timeline)) (t)[i] = cx_timeline_now(); } while (0)
+static void timeline_allreduce(cx_exec *x, const cx_response *items, size_t n, const double *t,
+                               size_t bytes)
+{
+    for (size_t i = 0; i < n; i++) {
+        cx_timeline_phase(x->timeline, items[i].name, CX_TL_PACK, "PACK", t[0], t[1],
+                          (int64_t)bytes, (int64_t)n);
+        cx_timeline_phase(x->timeline, items[i].name, CX_TL_COLLECTIVE, "ALLREDUCE", t[1], t[2],
+                          (int64_t)bytes, (int64_t)n);
+        cx_timeline_phase(x->timeline, items[i].name, CX_TL_UNPACK, "UNPACK", t[2], t[3],
+                          (int64_t)bytes, (int64_t)n);
+    }
+}
+
+/* Timeline: every tensor of the list ends NEGOTIATE as the list starts to run; failures get a mark. */
+static void timeline_negotiated(cx_exec *x, const cx_response_list *responses)
+{
+    double now = cx_timeline_now();
+    for (size_t i = 0; i < responses->count; i++) {
+        const cx_response *r = &responses->items[i];
+        cx_timeline_negotiated(x->timeline, r->name, now);
+        if (r->status != CFX_OK)
+            cx_timeline_mark(x->timeline, r->name, cfx_status_string((cfx_status)r->status), -1, now);
+    }
+}
+
 /* One or more fused allreduce responses. */
 static cfx_status run_allreduce(cx_exec *x, const cx_response *items, size_t n)
 {
@@ -177,13 +211,17 @@ static cfx_status run_allreduce(cx_exec *x, const cx_response *items, size_t n)
     }
     double post = final_scale(x, first);
     cfx_status st = CFX_OK;
+    double tl[4] = {0};
+    TL_STAMP(tl, 0);
     if (n == 1 && entries[0]) {
         cx_entry *e = entries[0];
         if (e->output != e->input)
             cx_scale_copy(e->output, e->input, total, dtype, first->prescale);
         else
             cx_scale(e->output, total, dtype, first->prescale);
+        TL_STAMP(tl, 1);
         st = reduce_buffer(x, e->output, total, dtype, op);
+        TL_STAMP(tl, 2);
         if (!st)
             cx_scale(e->output, total, dtype, post);
     } else {
@@ -198,8 +236,10 @@ static cfx_status run_allreduce(cx_exec *x, const cx_response *items, size_t n)
                 cx_fill_identity(buf + off * esize, count, dtype, op);
             off += count;
         }
+        TL_STAMP(tl, 1);
         if (!st)
             st = reduce_buffer(x, buf, total, dtype, op);
+        TL_STAMP(tl, 2);
         off = 0;
         for (size_t i = 0; !st && i < n; i++) {
             size_t count = (size_t)cx_shape_elements(items[i].ndim, items[i].shape);
@@ -208,6 +248,9 @@ static cfx_status run_allreduce(cx_exec *x, const cx_response *items, size_t n)
             off += count;
         }
     }
+    TL_STAMP(tl, 3);
+    if (CX_TL(x->timeline) && !st)
+        timeline_allreduce(x, items, n, tl, total * esize);
     if (st) {
         char msg[CX_ERROR_MAX];
         snprintf(msg, sizeof msg, "allreduce of tensor '%s'%s failed: %s", first->name,
@@ -400,6 +443,8 @@ static cfx_status run_single(cx_exec *x, const cx_response *r, cx_entry *e)
 cfx_status cx_execute(cx_exec *x, const cx_response_list *responses)
 {
     cfx_status failure = CFX_OK;
+    if (CX_TL(x->timeline))
+        timeline_negotiated(x, responses);
     for (size_t i = 0; i < responses->count;) {
         const cx_response *r = &responses->items[i];
         if (r->status != CFX_OK) {
@@ -423,7 +468,13 @@ cfx_status cx_execute(cx_exec *x, const cx_response_list *responses)
                    r->name, cx_coll_name(r->coll));
             continue;
         }
+        double tl[2] = {0};
+        TL_STAMP(tl, 0);
         cfx_status st = run_single(x, r, e);
+        TL_STAMP(tl, 1);
+        if (CX_TL(x->timeline))
+            cx_timeline_phase(x->timeline, r->name, CX_TL_COLLECTIVE, cx_timeline_coll_label(r->coll),
+                              tl[0], tl[1], (int64_t)e->bytes, 1);
         if (st) {
             char msg[CX_ERROR_MAX];
             snprintf(msg, sizeof msg, "%s of tensor '%s' failed: %s", cx_coll_name(r->coll), r->name,

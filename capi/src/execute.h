@@ -33,6 +33,9 @@ typedef struct cx_exec {
     size_t fusion_cap;
     void *scratch;        /* staging for deterministic reductions and joined ranks */
     size_t scratch_cap;
+    struct cx_shm *shm;   /* the shared-memory path (owned by the context), or NULL */
+    bool hierarchical;    /* shm reduces within the host, MPI across hosts */
+    struct cx_timeline *timeline; /* the context's, or NULL (timeline.h) */
 } cx_exec;
 
 void cx_exec_init(cx_exec *x, cx_transport *t, const cx_config *cfg, cx_queue *q, cx_handles *h,

@@ -60,6 +60,13 @@ static cx_slot *lookup(cx_handles *h, cfx_handle handle)
     return s;
 }
 
+/* Locked. As lookup, but a handle the user released (detached, still running) is stale too. */
+static cx_slot *lookup_user(cx_handles *h, cfx_handle handle)
+{
+    cx_slot *s = lookup(h, handle);
+    return (s && !s->detached) ? s : NULL;
+}
+
 static cfx_status stale(cfx_handle handle)
 {
     return cx_fail(CFX_ERR_STALE_HANDLE, "handle %llu is not a live handle of this context "
@@ -187,7 +194,7 @@ void cx_handles_complete_part(cx_handles *h, cfx_handle handle, cfx_status statu
 cfx_status cx_handles_poll(cx_handles *h, cfx_handle handle, int *out)
 {
     pthread_mutex_lock(&h->mu);
-    cx_slot *s = lookup(h, handle);
+    cx_slot *s = lookup_user(h, handle);
     if (s)
         *out = atomic_load(&s->done);
     pthread_mutex_unlock(&h->mu);
@@ -210,7 +217,7 @@ cfx_status cx_handles_wait(cx_handles *h, cfx_handle handle, double timeout_s)
     double start = now_s();
     double deadline = timeout_s < 0 ? INFINITY : start + timeout_s;
     pthread_mutex_lock(&h->mu);
-    cx_slot *s = lookup(h, handle);
+    cx_slot *s = lookup_user(h, handle);
     if (!s) {
         pthread_mutex_unlock(&h->mu);
         return stale(handle);
@@ -223,7 +230,7 @@ cfx_status cx_handles_wait(cx_handles *h, cfx_handle handle, double timeout_s)
         sched_yield();
     pthread_mutex_lock(&h->mu);
     for (;;) {
-        s = lookup(h, handle);
+        s = lookup_user(h, handle);
         if (!s) {
             pthread_mutex_unlock(&h->mu);
             return stale(handle);
@@ -254,7 +261,7 @@ cfx_status cx_handles_wait(cx_handles *h, cfx_handle handle, double timeout_s)
 cfx_status cx_handles_status(cx_handles *h, cfx_handle handle)
 {
     pthread_mutex_lock(&h->mu);
-    cx_slot *s = lookup(h, handle);
+    cx_slot *s = lookup_user(h, handle);
     cfx_status st = s ? (atomic_load(&s->done) ? s->status : CFX_ERR_IN_PROGRESS) : stale(handle);
     if (s && st != CFX_OK && st != CFX_ERR_IN_PROGRESS)
         cx_fail(st, "%s", s->message ? s->message : cfx_status_string(st));
@@ -265,7 +272,7 @@ cfx_status cx_handles_status(cx_handles *h, cfx_handle handle)
 const char *cx_handles_message(cx_handles *h, cfx_handle handle)
 {
     pthread_mutex_lock(&h->mu);
-    cx_slot *s = lookup(h, handle);
+    cx_slot *s = lookup_user(h, handle);
     const char *m = NULL;
     if (!s)
         stale(handle);
@@ -278,7 +285,7 @@ const char *cx_handles_message(cx_handles *h, cfx_handle handle)
 cfx_status cx_handles_release(cx_handles *h, cfx_handle handle)
 {
     pthread_mutex_lock(&h->mu);
-    cx_slot *s = lookup(h, handle);
+    cx_slot *s = lookup_user(h, handle);
     if (!s) {
         pthread_mutex_unlock(&h->mu);
         return stale(handle);
@@ -294,8 +301,8 @@ cfx_status cx_handles_release(cx_handles *h, cfx_handle handle)
 /* Locked. A completed, successful slot with output `index`, or an error status. */
 static cfx_status completed_output(cx_handles *h, cfx_handle handle, size_t index, cx_slot **out)
 {
-    cx_slot *s = lookup(h, handle);
-    if (!s || s->detached)
+    cx_slot *s = lookup_user(h, handle);
+    if (!s)
         return stale(handle);
     if (!atomic_load(&s->done))
         return cx_fail(CFX_ERR_IN_PROGRESS, "handle %llu has not completed yet",
@@ -312,7 +319,7 @@ static cfx_status completed_output(cx_handles *h, cfx_handle handle, size_t inde
 cfx_status cx_handles_output_count(cx_handles *h, cfx_handle handle, size_t *out)
 {
     pthread_mutex_lock(&h->mu);
-    cx_slot *s = lookup(h, handle);
+    cx_slot *s = lookup_user(h, handle);
     cfx_status st = CFX_OK;
     if (!s)
         st = stale(handle);
@@ -382,7 +389,7 @@ cfx_status cx_handles_splits(cx_handles *h, cfx_handle handle, size_t index, con
 cfx_status cx_handles_join_rank(cx_handles *h, cfx_handle handle, int *out)
 {
     pthread_mutex_lock(&h->mu);
-    cx_slot *s = lookup(h, handle);
+    cx_slot *s = lookup_user(h, handle);
     cfx_status st = CFX_OK;
     if (!s)
         st = stale(handle);

@@ -13,6 +13,9 @@
 #include "error.h"
 #include "execute.h"
 #include "negotiate.h"
+#include "autotune.h"
+#include "fusion.h"
+#include "timeline.h"
 
 /* Status bits of word 0, stored inverted (set = "no rank"), so one AND-allreduce answers
  * "does any rank ...?" for each. */
@@ -45,6 +48,12 @@ struct cx_loop {
     double last_stall_check;
     uint64_t *vec;
     size_t vec_cap;
+    /* Observability: cycles that did work (timeline marks); the coordinator's autotuner and the
+     * parameters it wants every rank to switch to at the next slow path. */
+    uint64_t cycles;
+    cx_autotune *tuner;
+    bool tune_pending;
+    cx_tune_params tune_next;
 };
 
 static double now_s(void)
@@ -73,6 +82,16 @@ cfx_status cx_loop_create(cfx_context *ctx, cx_loop **out)
     L->is_coordinator = ctx->rank == 0;
     if (!st && L->is_coordinator)
         st = cx_coordinator_init(&L->coord, ctx->size);
+    if (!st && L->is_coordinator && ctx->cfg.autotune) { /* CFX_AUTOTUNE: rank 0 decides */
+        cx_tune_params start = {ctx->cfg.fusion_threshold, ctx->cfg.chunk_bytes,
+                                ctx->cfg.cycle_time_ms};
+        st = cx_autotune_create(&start, ctx->cfg.autotune_window_s, ctx->cfg.autotune_log,
+                                &ctx->log, &L->tuner);
+        if (!st) {
+            L->tune_next = cx_autotune_params(L->tuner);
+            L->tune_pending = true;
+        }
+    }
     if (st) {
         cx_loop_destroy(L);
         return st;
@@ -81,6 +100,8 @@ cfx_status cx_loop_create(cfx_context *ctx, cx_loop **out)
     *out = L;
     return CFX_OK;
 }
+
+cx_exec *cx_loop_exec(cx_loop *L) { return &L->exec; }
 
 void cx_loop_destroy(cx_loop *L)
 {
@@ -91,6 +112,7 @@ void cx_loop_destroy(cx_loop *L)
         cx_coordinator_destroy(&L->coord);
     cx_exec_destroy(&L->exec);
     cx_response_list_free(&L->stalled);
+    cx_autotune_destroy(L->tuner);
     free(L->hit_entry);
     free(L->hit_since);
     free(L->hit_mask);
@@ -232,6 +254,13 @@ static cfx_status slow_path(cx_loop *L, double now, cx_response_list *responses)
                 st = cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for the response list");
         free(L->stalled.items);
         memset(&L->stalled, 0, sizeof L->stalled);
+        if (!st && L->tune_pending) { /* autotune: every rank switches after this decode */
+            decided.flags |= CX_LIST_TUNED;
+            decided.tuned_fusion_threshold = L->tune_next.fusion_threshold;
+            decided.tuned_chunk_bytes = L->tune_next.chunk_bytes;
+            decided.tuned_cycle_time_ms = L->tune_next.cycle_time_ms;
+            L->tune_pending = false;
+        }
         if (!st)
             st = cx_encode_responses(&decided, &encoded);
         cx_response_list_free(&decided);
@@ -261,6 +290,16 @@ static cfx_status slow_path(cx_loop *L, double now, cx_response_list *responses)
     if (!L->is_coordinator)
         free(answer);
     cx_bytes_free(&encoded);
+    if (!st && (decided.flags & CX_LIST_TUNED)) {
+        /* The coordinator's tuned parameters, applied on every rank at this same point, before
+         * this cycle's responses are planned into fusion batches. */
+        ctx->cfg.fusion_threshold = decided.tuned_fusion_threshold;
+        ctx->cfg.chunk_bytes = decided.tuned_chunk_bytes;
+        ctx->cfg.cycle_time_ms = decided.tuned_cycle_time_ms;
+        cx_log(&ctx->log, CX_LOG_DEBUG, "autotune", "now fusion %lld B, chunk %lld B, cycle %g ms",
+               (long long)ctx->cfg.fusion_threshold, (long long)ctx->cfg.chunk_bytes,
+               ctx->cfg.cycle_time_ms);
+    }
     for (size_t i = 0; !st && i < decided.count; i++) {
         cx_response *r = &decided.items[i];
         size_t bit, evicted;
@@ -285,7 +324,7 @@ static void shutdown_reason(cx_loop *L, char *buf, size_t size)
     cfx_context *ctx = L->ctx;
     cx_transport *t = ctx->transport;
     int n = t->size;
-    uint8_t mine = atomic_load(&ctx->shutdown_requested) ? 1 : 0;
+    uint8_t mine = (uint8_t)atomic_load(&ctx->shutdown_requested); /* 2: exit handler */
     uint8_t *all = calloc((size_t)n, 1);
     size_t ones[n], displs[n];
     for (int r = 0; r < n; r++) {
@@ -299,9 +338,10 @@ static void shutdown_reason(cx_loop *L, char *buf, size_t size)
         snprintf(buf + used, size - used, "(unknown)");
     } else {
         int listed = 0;
-        for (int r = 0; r < n && used + 16 < size; r++)
+        for (int r = 0; r < n && used + 48 < size; r++)
             if (all[r])
-                used += (size_t)snprintf(buf + used, size - used, "%s%d", listed++ ? ", " : "[", r);
+                used += (size_t)snprintf(buf + used, size - used, "%s%d%s", listed++ ? ", " : "[", r,
+                                         all[r] == 2 ? " (exited without cfx_shutdown)" : "");
         snprintf(buf + used, size - used, "]");
     }
     free(all);
@@ -327,6 +367,18 @@ static void fail_all(cx_loop *L, cfx_status status, const char *reason)
     L->nunsent = 0;
 }
 
+/* Autotune (coordinator): bytes the allreduces of this cycle reduced feed the tuner; a change it
+ * asks for goes to every rank with the next slow path (slow_path, CX_LIST_TUNED). */
+static void autotune_sample(cx_loop *L, const cx_response_list *responses)
+{
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < responses->count; i++)
+        if (responses->items[i].status == CFX_OK && responses->items[i].coll == CX_ALLREDUCE)
+            bytes += cx_response_bytes(&responses->items[i]);
+    if (cx_autotune_update(L->tuner, now_s(), bytes, &L->tune_next))
+        L->tune_pending = true;
+}
+
 /* One cycle. *progress: something new arrived or ran; *stop: the loop must end. */
 static cfx_status cycle(cx_loop *L, bool *progress, bool *stop)
 {
@@ -336,9 +388,16 @@ static cfx_status cycle(cx_loop *L, bool *progress, bool *stop)
     cfx_status st = CFX_OK;
     *progress = false;
 
+    if (CX_TL_ENABLED && atomic_load_explicit(&ctx->tl_change, memory_order_relaxed)) {
+        cx_context_apply_timeline(ctx); /* cfx_timeline_start/stop or CFX_TIMELINE */
+        L->exec.timeline = ctx->timeline;
+        L->coord.timeline = ctx->timeline;
+    }
     for (cx_entry *e = cx_queue_pop_new(&ctx->queue), *next; e; e = next) {
         next = e->next;
         *progress = true;
+        if (CX_TL(ctx->timeline))
+            cx_timeline_seen(ctx->timeline, e->req.name, e->enqueue_time, now);
         if ((st = classify(L, e, now)))
             return st;
     }
@@ -365,7 +424,7 @@ static cfx_status cycle(cx_loop *L, bool *progress, bool *stop)
     uint64_t status = ~0ull;
     if (atomic_load(&ctx->shutdown_requested))
         status &= ~(uint64_t)STATUS_SHUTDOWN;
-    if (L->nunsent || L->stalled.count)
+    if (L->nunsent || L->stalled.count || L->tune_pending)
         status &= ~(uint64_t)STATUS_UNCACHED;
     if (L->any_invalid)
         status &= ~(uint64_t)STATUS_INVALID;
@@ -421,7 +480,11 @@ static cfx_status cycle(cx_loop *L, bool *progress, bool *stop)
     if (!st && responses.count) {
         *progress = true;
         st = cx_execute(&L->exec, &responses);
+        if (L->tuner)
+            autotune_sample(L, &responses);
     }
+    if (CX_TL(ctx->timeline) && *progress && cx_timeline_marks_cycles(ctx->timeline))
+        cx_timeline_cycle(ctx->timeline, L->cycles++, now, cx_timeline_now());
     cx_response_list_free(&responses);
     if (!st && shutdown_any) {
         char reason[512];
@@ -438,10 +501,10 @@ void *cx_loop_main(void *arg)
 {
     cfx_context *ctx = arg;
     cx_loop *L = ctx->loop;
-    double cycle_s = ctx->cfg.cycle_time_ms * 1e-3;
     int idle_streak = 0;
     bool stop = false;
     while (!stop) {
+        double cycle_s = ctx->cfg.cycle_time_ms * 1e-3; /* autotune may change it */
         if (!cx_queue_has_new(&ctx->queue) && !atomic_load(&ctx->shutdown_requested)) {
             if (cx_queue_in_flight(&ctx->queue) == 0)
                 cx_queue_wait(&ctx->queue, cycle_s);

@@ -23,6 +23,9 @@ typedef struct cx_loop cx_loop;
 cfx_status cx_loop_create(cfx_context *ctx, cx_loop **out);
 void cx_loop_destroy(cx_loop *loop);
 
+/* The collective engine the loop drives (for the context to attach data paths). */
+struct cx_exec *cx_loop_exec(cx_loop *loop);
+
 /* The thread's body; arg is the cfx_context. */
 void *cx_loop_main(void *arg);
 

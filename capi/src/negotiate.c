@@ -8,6 +8,7 @@
 
 #include "dtype.h"
 #include "error.h"
+#include "timeline.h"
 
 typedef struct cx_pending {
     cx_request *reqs;  /* size entries; reqs[r].name == NULL while rank r has not submitted */
@@ -303,6 +304,11 @@ static cfx_status add_request(cx_coordinator *c, int rank, const cx_request *q, 
     if (!cx_request_copy(&p->reqs[rank], q))
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for pending tensor '%s'", q->name);
     p->count++;
+    if (CX_TL(c->timeline)) { /* the moment the coordinator learns that `rank` is ready */
+        char label[32];
+        snprintf(label, sizeof label, "rank %d ready", rank);
+        cx_timeline_mark(c->timeline, q->name, label, rank, now);
+    }
     if (is_ready(c, p))
         return answer(c, q->name, p, out);
     return CFX_OK;

@@ -30,6 +30,7 @@ typedef struct cx_coordinator {
     int joined_count;
     int last_joined;
     uint64_t arrivals;  /* sequence numbers for deterministic stall reports */
+    struct cx_timeline *timeline; /* the context's, or NULL: "rank r ready" marks (timeline.h) */
 } cx_coordinator;
 
 cfx_status cx_coordinator_init(cx_coordinator *c, int size);

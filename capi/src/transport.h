@@ -56,6 +56,10 @@ typedef struct cx_transport_ops {
     cfx_status (*reduce_scatter)(cx_transport *t, const void *send, void *recv,
                                  const size_t *counts, cfx_dtype dtype, cfx_reduce_op op);
     cfx_status (*barrier)(cx_transport *t);
+    /* In place over the ranks that share this rank's local rank, one per host (NULL when the
+     * transport has a single host). */
+    cfx_status (*cross_allreduce)(cx_transport *t, void *buf, size_t count, cfx_dtype dtype,
+                                  cfx_reduce_op op);
 
     /* Frees the transport (collective: every rank calls it, in the same place of the order). */
     void (*destroy)(cx_transport *t);

@@ -362,6 +362,19 @@ static cfx_status mpi_barrier(cx_transport *t)
     return rc == MPI_SUCCESS ? wait_request(&req, "MPI_Ibarrier") : mpi_error(rc, "MPI_Ibarrier");
 }
 
+static cfx_status mpi_cross_allreduce(cx_transport *t, void *buf, size_t count, cfx_dtype dtype,
+                                      cfx_reduce_op op)
+{
+    cfx_status st = check_int(count, "cross-host allreduce element count");
+    if (st)
+        return st;
+    MPI_Request req;
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, mpi_type(dtype), mpi_op(dtype, op),
+                            ((mpi_transport *)t)->cross, &req);
+    return rc == MPI_SUCCESS ? wait_request(&req, "MPI_Iallreduce (cross-host)")
+                             : mpi_error(rc, "MPI_Iallreduce (cross-host)");
+}
+
 static void mpi_destroy(cx_transport *t)
 {
     mpi_transport *m = (mpi_transport *)t;
@@ -386,6 +399,7 @@ static const cx_transport_ops mpi_ops = {
     .alltoallv = mpi_alltoallv,
     .reduce_scatter = mpi_reduce_scatter,
     .barrier = mpi_barrier,
+    .cross_allreduce = mpi_cross_allreduce,
     .destroy = mpi_destroy,
 };
 

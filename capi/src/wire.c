@@ -280,6 +280,11 @@ cfx_status cx_encode_responses(const cx_response_list *l, cx_bytes *out)
         for (uint32_t j = 0; s->rank_rows && j < s->nrows; j++)
             put_i64(out, s->rank_rows[j]);
     }
+    if (l->flags & CX_LIST_TUNED) { /* autotune's parameters, after the items */
+        put_i64(out, l->tuned_fusion_threshold);
+        put_i64(out, l->tuned_chunk_bytes);
+        put_f64(out, l->tuned_cycle_time_ms);
+    }
     return out->failed ? cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory encoding responses") : CFX_OK;
 }
 
@@ -329,6 +334,14 @@ cfx_status cx_decode_responses(const void *data, size_t len, cx_response_list *o
                 s->rank_rows[j] = get_i64(&r);
         }
         if (!s->name)
+            r.bad = true;
+    }
+    if (!r.bad && (out->flags & CX_LIST_TUNED)) {
+        out->tuned_fusion_threshold = get_i64(&r);
+        out->tuned_chunk_bytes = get_i64(&r);
+        out->tuned_cycle_time_ms = get_f64(&r);
+        if (out->tuned_fusion_threshold < 0 || out->tuned_chunk_bytes < 64 ||
+            !(out->tuned_cycle_time_ms > 0))
             r.bad = true;
     }
     if (r.bad || r.p != r.end)

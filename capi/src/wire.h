@@ -27,7 +27,7 @@ typedef struct cx_request {
     double prescale, postscale;
 } cx_request;
 
-enum { CX_LIST_SHUTDOWN = 1, CX_LIST_JOINED = 2 };
+enum { CX_LIST_SHUTDOWN = 1, CX_LIST_JOINED = 2, CX_LIST_TUNED = 4 };
 
 typedef struct cx_request_list {
     int32_t rank;
@@ -52,9 +52,12 @@ typedef struct cx_response {
 } cx_response;
 
 typedef struct cx_response_list {
-    uint32_t flags; /* CX_LIST_SHUTDOWN */
+    uint32_t flags; /* CX_LIST_SHUTDOWN, CX_LIST_TUNED */
     size_t count;
     cx_response *items;
+    /* CX_LIST_TUNED (autotune.h): the parameters every rank switches to; encoded after the items. */
+    int64_t tuned_fusion_threshold, tuned_chunk_bytes;
+    double tuned_cycle_time_ms;
 } cx_response_list;
 
 /* A growable byte buffer. */

@@ -167,6 +167,20 @@ static void dtype_op_small_buffers(void **state)
     assert_int_equal(run_ranks(3, dtype_op_rank, NULL, small_buffers), 0);
 }
 
+static void shm_path(cx_config *cfg)
+{
+    cfg->shm = 1;
+    cfg->chunk_bytes = 4096; /* many chunks, both buffers of the double buffering */
+}
+
+/* The shared-memory data path with thread ranks (each maps the segment like a process would). */
+static void dtype_op_shared_memory(void **state)
+{
+    (void)state;
+    assert_int_equal(run_ranks(2, dtype_op_rank, NULL, shm_path), 0);
+    assert_int_equal(run_ranks(3, dtype_op_rank, NULL, shm_path), 0);
+}
+
 static void no_cache(cx_config *cfg) { cfg->cache_capacity = 0; }
 static void tiny_cache(cx_config *cfg) { cfg->cache_capacity = 3; }
 
@@ -487,6 +501,7 @@ typedef struct det_arg {
 
 static void det_small(cx_config *cfg) { cfg->deterministic = 1; cfg->fusion_threshold = 2048; cfg->chunk_bytes = 512; }
 static void det_large(cx_config *cfg) { cfg->deterministic = 1; cfg->fusion_threshold = 1 << 20; cfg->chunk_bytes = 1 << 16; }
+static void det_shm(cx_config *cfg) { det_small(cfg); cfg->shm = 1; }
 
 static int det_rank(cfx_context *ctx, int rank, int size, void *arg)
 {
@@ -496,7 +511,7 @@ static int det_rank(cfx_context *ctx, int rank, int size, void *arg)
     cfx_handle hs[8];
     int64_t shapes[8][1];
     for (int k = 0; k < 8; k++) {
-        int t = a->variant ? 7 - k : k;
+        int t = a->variant == 1 ? 7 - k : k;
         bufs[t] = malloc(625 * sizeof(float));
         for (int i = 0; i < 625; i++)
             bufs[t][i] = 1.0f / (float)(1 + rank * 131 + i * 7 + t) + (float)rank * 1e-3f;
@@ -524,6 +539,9 @@ static void deterministic_mode(void **state)
     a->variant = 1;
     assert_int_equal(run_ranks(5, det_rank, a, det_large), 0);
     assert_memory_equal(a->result[0], a->result[1], sizeof a->result[0]);
+    a->variant = 2; /* the shared-memory path keeps the guarantee */
+    assert_int_equal(run_ranks(5, det_rank, a, det_shm), 0);
+    assert_memory_equal(a->result[0], a->result[2], sizeof a->result[0]);
     free(a);
 }
 
@@ -533,6 +551,7 @@ int main(void)
         cmocka_unit_test(every_dtype_and_op),
         cmocka_unit_test(dtype_op_small_buffers),
         cmocka_unit_test(dtype_op_without_cache),
+        cmocka_unit_test(dtype_op_shared_memory),
         cmocka_unit_test(scale_factors_out_of_place),
         cmocka_unit_test(mismatch_errors),
         cmocka_unit_test(cache_invalidation),

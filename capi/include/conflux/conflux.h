@@ -307,6 +307,21 @@ CFX_API cfx_status cfx_barrier_async(cfx_context *ctx, cfx_handle *out);
  * (cfx_handle_join_rank gives the last one). */
 CFX_API cfx_status cfx_join_async(cfx_context *ctx, cfx_handle *out);
 
+/* ---- observability (since 1.1) --------------------------------------------------------------
+ * The timeline: a Chrome trace-event JSON file per rank of every tensor's phases (queued,
+ * negotiate, pack, the collective, unpack), for Perfetto or chrome://tracing and tools/cfx-timeline
+ * (docs/timeline.md). CFX_TIMELINE=path starts one at init; these start and stop it at run time.
+ * Safe from any thread; not collective (each rank records its own file). */
+
+/* Starts writing this rank's timeline to `path` with the rank inserted: "%r" in `path` is replaced
+ * by the rank, otherwise ".rank<r>" goes before the extension ("tl.json" -> "tl.rank0.json").
+ * Truncates the file. A running timeline is stopped first. mark_cycles != 0 adds a lane of the
+ * background thread's working cycles. Returns once the background thread records into it. */
+CFX_API cfx_status cfx_timeline_start(cfx_context *ctx, const char *path, int mark_cycles);
+
+/* Stops the timeline and completes its file (closing bracket); CFX_OK when none runs. */
+CFX_API cfx_status cfx_timeline_stop(cfx_context *ctx);
+
 #ifdef __cplusplus
 }
 #endif

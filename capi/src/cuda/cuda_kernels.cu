@@ -597,7 +597,7 @@ static cfx_status batch_run(cx_cuda_batch *b, char *fusion, double scale, void *
     cudaStream_t s = (cudaStream_t)stream;
     unsigned grid = grid_for(b->chunks);
     float fs = (float)scale;
-    int copy = scale == 1.0;
+    int copy = scale == 1.0 && b->dtype != CFX_BOOL; /* bool always normalises to 0/1 */
 #define RUN(S) batch_kernel<S><<<grid, THREADS, 0, s>>>(b->dev, b->n, b->chunks, fusion, unpack, fs, scale, copy)
     CX_DISPATCH(b->dtype, RUN)
 #undef RUN
@@ -630,10 +630,11 @@ extern "C" cfx_status cx_cuda_scale(void *dst, const void *src, size_t count, cf
     if (!dtype_ok(dtype) || (count && (!dst || !src)))
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cx_cuda_scale: bad dtype (%d) or NULL buffer",
                        (int)dtype);
-    if (count == 0 || (scale == 1.0 && dst == src))
+    bool copy = scale == 1.0 && dtype != CFX_BOOL; /* bool always normalises to 0/1 */
+    if (count == 0 || (copy && dst == src))
         return CFX_OK;
     cudaStream_t s = (cudaStream_t)stream;
-    if (scale == 1.0)
+    if (copy)
         return cx_cuda_memcpy_async(dst, src, count * dtype_bytes(dtype), stream);
     unsigned grid = grid_for((count + THREADS - 1) / THREADS);
     float fs = (float)scale;

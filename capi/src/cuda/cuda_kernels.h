@@ -13,7 +13,8 @@
  * Element semantics are those of reduce.h, so a device result is bitwise the host one:
  * float16/bfloat16 scale in float32 and round to nearest even; float32 scales by (float)factor;
  * integers scale in double, truncate toward zero and saturate (NaN gives 0); bool gives
- * (x != 0 && factor != 0). A factor of exactly 1.0 is a plain copy.
+ * (x != 0 && factor != 0). A factor of exactly 1.0 is a plain copy, except for bool, which is
+ * always normalised to 0/1 (so NCCL's max/min on bytes give the host's or/and).
  *
  * Called by the context's background thread (execute.c, nccl_transport.c) and by tests/gpu.
  * Stateless apart from cx_cuda_batch, which one thread owns.

@@ -1,0 +1,345 @@
+/*
+ * conflux_python.i - the Python part of the SWIG interface, included from ../conflux.i (SWIGPYTHON).
+ *
+ * It turns the C ABI into a small, safe low-level module (`conflux._capi`) that the hand-written
+ * package (python/conflux) builds on; users never call it directly.
+ * - A non-OK cfx_status becomes an exception of a per-status class created here (ConfluxError and
+ *   its subclasses, ValueError/TypeError families for local argument errors) carrying the C message.
+ * - Out-parameters (`... *out`) are hidden and returned.
+ * - Tensors cross as plain tuples `(data_address, dtype, shape[, device[, stream]])`: the package takes
+ *   the address from numpy (`__array_interface__`) or torch (`data_ptr()`), so the ABI sees the
+ *   caller's memory (zero copy) and nothing here depends on numpy or torch headers.
+ * - The module is built with `-threads`: the GIL is released around every C call; cfx_py_wait
+ *   releases it itself so that it can wake up for signals (Ctrl-C) while it waits.
+ */
+
+%{
+#include <stdlib.h>
+#include <string.h>
+
+/* One exception class per status (index = status value), created at module init. */
+static PyObject *cfx_py_exc[CFX_ERR_NCCL + 1];
+static PyObject *cfx_py_exc_base;
+
+static PyObject *cfx_py_class_for(int status) {
+    if (status > 0 && status <= CFX_ERR_NCCL && cfx_py_exc[status] != NULL) return cfx_py_exc[status];
+    return cfx_py_exc_base;
+}
+
+/* Raises the exception of `status` with `msg` (or the status string when msg is empty). */
+static void cfx_py_raise(int status, const char *msg) {
+    if (msg == NULL || msg[0] == '\0') msg = cfx_status_string((cfx_status)status);
+    PyObject *text = PyUnicode_DecodeUTF8(msg, (Py_ssize_t)strlen(msg), "replace");
+    if (text == NULL) return;
+    PyErr_SetObject(cfx_py_class_for(status), text);
+    Py_DECREF(text);
+}
+
+static int cfx_py_make_errors(PyObject *module_dict) {
+    struct { int status; const char *name; const char *extra_base; const char *doc; } table[] = {
+        {CFX_ERR_INVALID_ARGUMENT, "InvalidArgumentError", "ValueError",
+         "A bad argument detected locally, at the call."},
+        {CFX_ERR_NOT_INITIALIZED, "NotInitializedError", "ValueError+",
+         "Conflux has not been initialized; call conflux.init() first."},
+        {CFX_ERR_SHUT_DOWN, "ShutDownError", NULL,
+         "Conflux was shut down (locally, or by another rank) before the collective ran."},
+        {CFX_ERR_DUPLICATE_NAME, "DuplicateNameError", "ValueError",
+         "A tensor of that name is already in flight on this rank."},
+        {CFX_ERR_MISMATCH, "MismatchError", NULL,
+         "Ranks disagreed on a tensor (dtype, shape, op, root, ...); raised on every rank."},
+        {CFX_ERR_UNSUPPORTED, "UnsupportedError", "NotImplementedError+",
+         "A valid request that this build or this collective does not support."},
+        {CFX_ERR_OUT_OF_MEMORY, "OutOfMemoryError", "MemoryError+", "Conflux ran out of memory."},
+        {CFX_ERR_TRANSPORT, "TransportError", NULL, "The transport (MPI) reported an error."},
+        {CFX_ERR_TIMEOUT, "WaitTimeoutError", NULL,
+         "The wait's deadline passed first; the collective is still pending."},
+        {CFX_ERR_IN_PROGRESS, "InProgressError", NULL, "The collective has not completed yet."},
+        {CFX_ERR_STALE_HANDLE, "StaleHandleError", "ValueError",
+         "The handle was released or never existed."},
+        {CFX_ERR_STALL, "StallError", NULL,
+         "Some ranks never submitted the tensor before the stall deadline."},
+        {CFX_ERR_PEER_LOST, "PeerLostError", NULL, "A peer rank exited or stopped answering."},
+        {CFX_ERR_CONFIG, "ConfigError", "ValueError+", "A malformed CFX_* variable or option value."},
+        {CFX_ERR_VERSION, "VersionError", NULL, "An options struct version this library does not know."},
+        {CFX_ERR_JOINED, "JoinedError", NULL,
+         "The collective cannot run while some ranks have joined."},
+        {CFX_ERR_INTERNAL, "InternalError", NULL, "An internal error of Conflux (a bug)."},
+        {CFX_ERR_CUDA, "CudaError", NULL, "A CUDA call failed."},
+        {CFX_ERR_NCCL, "NcclError", NULL, "An NCCL call failed."},
+    };
+    PyObject *builtins = PyEval_GetBuiltins(); /* borrowed */
+    PyObject *dict = Py_BuildValue("{s:i,s:s}", "status", 0, "__doc__",
+                                   "Base of the errors decided across ranks (surfaced at synchronize/wait).");
+    if (dict == NULL) return -1;
+    cfx_py_exc_base = PyErr_NewException("conflux.ConfluxError", PyExc_RuntimeError, dict);
+    Py_DECREF(dict);
+    if (cfx_py_exc_base == NULL || PyDict_SetItemString(module_dict, "ConfluxError", cfx_py_exc_base) < 0)
+        return -1;
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+        /* extra_base: NULL = ConfluxError only; "X" = X only (a local error); "X+" = ConfluxError and X. */
+        PyObject *bases;
+        if (table[i].extra_base == NULL) {
+            bases = Py_BuildValue("(O)", cfx_py_exc_base);
+        } else {
+            char bname[64];
+            size_t n = strlen(table[i].extra_base);
+            int both = table[i].extra_base[n - 1] == '+';
+            snprintf(bname, sizeof bname, "%.*s", (int)(both ? n - 1 : n), table[i].extra_base);
+            PyObject *extra = PyDict_GetItemString(builtins, bname); /* borrowed */
+            if (extra == NULL) return -1;
+            bases = both ? Py_BuildValue("(OO)", cfx_py_exc_base, extra) : Py_BuildValue("(O)", extra);
+        }
+        if (bases == NULL) return -1;
+        char qual[96];
+        snprintf(qual, sizeof qual, "conflux.%s", table[i].name);
+        dict = Py_BuildValue("{s:i,s:s}", "status", table[i].status, "__doc__", table[i].doc);
+        PyObject *cls = dict ? PyErr_NewException(qual, bases, dict) : NULL;
+        Py_XDECREF(dict);
+        Py_DECREF(bases);
+        if (cls == NULL || PyDict_SetItemString(module_dict, table[i].name, cls) < 0) return -1;
+        cfx_py_exc[table[i].status] = cls; /* keeps the reference for the module's lifetime */
+    }
+    return 0;
+}
+
+/* ---- tensor descriptions from Python tuples ---- */
+
+static int cfx_py_pointer(PyObject *o, void **out, const char *what) {
+    if (o == Py_None) { *out = NULL; return 0; }
+    if (!PyLong_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int address or None", what);
+        return -1;
+    }
+    *out = PyLong_AsVoidPtr(o);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* (data, dtype, shape[, device[, stream]]) -> cfx_tensor; `shape` holds CFX_MAX_NDIM entries. */
+static int cfx_py_tensor(PyObject *o, cfx_tensor *t, int64_t *shape) {
+    if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) < 3 || PyTuple_GET_SIZE(o) > 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "a tensor description is a tuple (data, dtype, shape[, device[, stream]])");
+        return -1;
+    }
+    memset(t, 0, sizeof *t);
+    t->device = CFX_DEVICE_CPU;
+    if (cfx_py_pointer(PyTuple_GET_ITEM(o, 0), &t->data, "tensor data") < 0) return -1;
+    long dtype = PyLong_AsLong(PyTuple_GET_ITEM(o, 1));
+    if (dtype == -1 && PyErr_Occurred()) return -1;
+    t->dtype = (int32_t)dtype;
+    PyObject *seq = PySequence_Fast(PyTuple_GET_ITEM(o, 2), "tensor shape must be a sequence of ints");
+    if (seq == NULL) return -1;
+    Py_ssize_t nd = PySequence_Fast_GET_SIZE(seq);
+    if (nd > CFX_MAX_NDIM) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "tensor has %zd dimensions; Conflux supports at most %d", nd,
+                     CFX_MAX_NDIM);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nd; i++) {
+        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (v == -1 && PyErr_Occurred()) { Py_DECREF(seq); return -1; }
+        shape[i] = (int64_t)v;
+    }
+    Py_DECREF(seq);
+    t->ndim = (int32_t)nd;
+    t->shape = nd > 0 ? shape : NULL;
+    if (PyTuple_GET_SIZE(o) > 3) {
+        long dev = PyLong_AsLong(PyTuple_GET_ITEM(o, 3));
+        if (dev == -1 && PyErr_Occurred()) return -1;
+        t->device = (int32_t)dev;
+    }
+    if (PyTuple_GET_SIZE(o) > 4 && cfx_py_pointer(PyTuple_GET_ITEM(o, 4), &t->stream, "stream") < 0)
+        return -1;
+    return 0;
+}
+
+typedef struct cfx_py_tensors {
+    size_t count;
+    cfx_tensor *tensors;
+    int64_t *shapes;
+} cfx_py_tensors;
+
+static int cfx_py_tensor_list(PyObject *o, cfx_py_tensors *out) {
+    out->count = 0;
+    out->tensors = NULL;
+    out->shapes = NULL;
+    PyObject *seq = PySequence_Fast(o, "expected a sequence of tensor descriptions");
+    if (seq == NULL) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    out->tensors = calloc(n > 0 ? (size_t)n : 1, sizeof(cfx_tensor));
+    out->shapes = calloc(n > 0 ? (size_t)n * CFX_MAX_NDIM : 1, sizeof(int64_t));
+    if (out->tensors == NULL || out->shapes == NULL) { Py_DECREF(seq); PyErr_NoMemory(); return -1; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (cfx_py_tensor(PySequence_Fast_GET_ITEM(seq, i), &out->tensors[i],
+                          out->shapes + i * CFX_MAX_NDIM) < 0) { Py_DECREF(seq); return -1; }
+    }
+    out->count = (size_t)n;
+    Py_DECREF(seq);
+    return 0;
+}
+
+static PyObject *cfx_py_tensor_tuple(const cfx_tensor *t) {
+    PyObject *shape = PyTuple_New(t->ndim);
+    if (shape == NULL) return NULL;
+    for (int32_t i = 0; i < t->ndim; i++)
+        PyTuple_SET_ITEM(shape, i, PyLong_FromLongLong((long long)t->shape[i]));
+    return Py_BuildValue("(NiNi)", PyLong_FromVoidPtr(t->data), (int)t->dtype, shape, (int)t->device);
+}
+
+/* Waits for `handle` with the GIL released, in slices so that signals (Ctrl-C) are seen. Returns
+ * None, or raises the collective's error with its message (the handle's message, not last_error). */
+static PyObject *cfx_py_wait(cfx_context *ctx, uint64_t handle, double timeout_s) {
+    const double slice = 0.25;
+    double left = timeout_s;
+    cfx_status st;
+    for (;;) {
+        double t = (timeout_s < 0 || left > slice) ? slice : left;
+        Py_BEGIN_ALLOW_THREADS
+        st = cfx_wait(ctx, (cfx_handle)handle, t);
+        Py_END_ALLOW_THREADS
+        if (st != CFX_ERR_TIMEOUT) break;
+        if (timeout_s >= 0) {
+            left -= t;
+            if (left <= 0) break;
+        }
+        if (PyErr_CheckSignals() < 0) return NULL;
+    }
+    if (st == CFX_OK) Py_RETURN_NONE;
+    const char *msg = NULL;
+    if (st != CFX_ERR_TIMEOUT && st != CFX_ERR_STALE_HANDLE && st != CFX_ERR_NOT_INITIALIZED)
+        msg = cfx_handle_message(ctx, (cfx_handle)handle);
+    if (msg == NULL || msg[0] == '\0') msg = cfx_last_error();
+    cfx_py_raise(st, msg);
+    return NULL;
+}
+
+/* The handle's status as an int (CFX_ERR_IN_PROGRESS while pending); never raises for it. */
+static int cfx_py_handle_status(cfx_context *ctx, uint64_t handle) {
+    return (int)cfx_handle_status(ctx, (cfx_handle)handle);
+}
+
+/* Raises the exception class of `status` with `message` (lets Python code raise the same classes). */
+static PyObject *cfx_py_raise_status(int status, const char *message) {
+    cfx_py_raise(status, message);
+    return NULL;
+}
+%}
+
+%init %{
+    if (cfx_py_make_errors(d) < 0) {
+        return NULL;
+    }
+%}
+
+/* ---- status -> exception ---- */
+%typemap(out) cfx_status {
+    if ($1 != CFX_OK) {
+        cfx_py_raise((int)$1, cfx_last_error());
+        SWIG_fail;
+    }
+    $result = SWIG_Py_Void();
+}
+
+/* ---- hidden out-parameters ---- */
+%typemap(in, numinputs=0) cfx_context **out (cfx_context *tmp = NULL) { $1 = &tmp; }
+%typemap(argout) cfx_context **out {
+    $result = SWIG_Python_AppendOutput($result, SWIG_NewPointerObj(SWIG_as_voidptr(tmp$argnum),
+                                                                   $descriptor(cfx_context *), 0));
+}
+%typemap(in, numinputs=0) cfx_handle *out (cfx_handle tmp = 0) { $1 = &tmp; }
+%typemap(argout) cfx_handle *out {
+    $result = SWIG_Python_AppendOutput($result, PyLong_FromUnsignedLongLong((unsigned long long)tmp$argnum));
+}
+%typemap(in, numinputs=0) int *out (int tmp = 0) { $1 = &tmp; }
+%typemap(argout) int *out { $result = SWIG_Python_AppendOutput($result, PyLong_FromLong(tmp$argnum)); }
+%typemap(in, numinputs=0) size_t *out (size_t tmp = 0) { $1 = &tmp; }
+%typemap(argout) size_t *out { $result = SWIG_Python_AppendOutput($result, PyLong_FromSize_t(tmp$argnum)); }
+%typemap(in, numinputs=0) cfx_tensor *out (cfx_tensor tmp) { memset(&tmp, 0, sizeof tmp); $1 = &tmp; }
+%typemap(argout) cfx_tensor *out {
+    PyObject *desc = cfx_py_tensor_tuple(&tmp$argnum);
+    if (desc == NULL) SWIG_fail;
+    $result = SWIG_Python_AppendOutput($result, desc);
+}
+/* cfx_handle_splits: `size` entries, size taken from the context (argument 1). */
+%typemap(in, numinputs=0) const int64_t **out (const int64_t *tmp = NULL) { $1 = ($1_ltype)&tmp; }
+%typemap(argout) const int64_t **out {
+    int n = cfx_size(arg1);
+    PyObject *lst = PyList_New(n > 0 ? n : 0);
+    if (lst == NULL) SWIG_fail;
+    for (int i = 0; i < n; i++) PyList_SET_ITEM(lst, i, PyLong_FromLongLong((long long)tmp$argnum[i]));
+    $result = SWIG_Python_AppendOutput($result, lst);
+}
+
+/* ---- inputs ---- */
+%typemap(in) const cfx_tensor *input (cfx_tensor tmp, int64_t shape[CFX_MAX_NDIM]),
+             const cfx_tensor *tensor (cfx_tensor tmp, int64_t shape[CFX_MAX_NDIM]) {
+    if (cfx_py_tensor($input, &tmp, shape) < 0) SWIG_fail;
+    $1 = &tmp;
+}
+%typemap(in) (size_t count, const cfx_tensor *inputs) (cfx_py_tensors tmp = {0, NULL, NULL}) {
+    if (cfx_py_tensor_list($input, &tmp) < 0) SWIG_fail;
+    $1 = tmp.count;
+    $2 = tmp.tensors;
+}
+%typemap(freearg) (size_t count, const cfx_tensor *inputs) {
+    free(tmp$argnum.tensors);
+    free(tmp$argnum.shapes);
+}
+%typemap(in) void *output, void *dst {
+    if (cfx_py_pointer($input, &$1, "output address") < 0) SWIG_fail;
+}
+/* outputs: None (all in place) or a sequence of addresses/None. */
+%typemap(in) void *const *outputs (void **tmp = NULL) {
+    if ($input != Py_None) {
+        PyObject *seq = PySequence_Fast($input, "outputs must be None or a sequence of addresses");
+        if (seq == NULL) SWIG_fail;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        tmp = calloc(n > 0 ? (size_t)n : 1, sizeof(void *));
+        if (tmp == NULL) { Py_DECREF(seq); PyErr_NoMemory(); SWIG_fail; }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (cfx_py_pointer(PySequence_Fast_GET_ITEM(seq, i), &tmp[i], "output") < 0) {
+                Py_DECREF(seq);
+                SWIG_fail;
+            }
+        }
+        Py_DECREF(seq);
+    }
+    $1 = tmp;
+}
+%typemap(freearg) void *const *outputs { free(tmp$argnum); }
+/* splits: None (equal split) or a sequence of row counts. */
+%typemap(in) (const int64_t *splits, size_t nsplits) (int64_t *tmp = NULL) {
+    $1 = NULL;
+    $2 = 0;
+    if ($input != Py_None) {
+        PyObject *seq = PySequence_Fast($input, "splits must be None or a sequence of ints");
+        if (seq == NULL) SWIG_fail;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+        tmp = calloc(n > 0 ? (size_t)n : 1, sizeof(int64_t));
+        if (tmp == NULL) { Py_DECREF(seq); PyErr_NoMemory(); SWIG_fail; }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+            if (v == -1 && PyErr_Occurred()) { Py_DECREF(seq); SWIG_fail; }
+            tmp[i] = (int64_t)v;
+        }
+        Py_DECREF(seq);
+        $1 = tmp;
+        $2 = (size_t)n;
+    }
+}
+%typemap(freearg) (const int64_t *splits, size_t nsplits) { free(tmp$argnum); }
+
+/* Replaced by the helpers below (their status is the collective's, not a call error). */
+%ignore cfx_wait;
+%ignore cfx_handle_status;
+
+/* The header is included here (SWIG includes a file once) so that the helpers below see its types;
+ * the common part's own %include of it is then a no-op. */
+%include "conflux/conflux.h"
+
+%nothread cfx_py_wait;
+%nothread cfx_py_raise_status;
+PyObject *cfx_py_wait(cfx_context *ctx, uint64_t handle, double timeout_s);
+int cfx_py_handle_status(cfx_context *ctx, uint64_t handle);
+PyObject *cfx_py_raise_status(int status, const char *message);

@@ -1,0 +1,41 @@
+/*
+ * shm - the intra-node shared-memory allreduce, and its two-level (hierarchical) form.
+ *
+ * The ranks of one host map one POSIX shared-memory segment: a double-buffered input slot of one
+ * chunk per local rank, a double-buffered result area, and a barrier. A reduction runs chunk by
+ * chunk: every rank copies its chunk into its slot; after a barrier, local rank i reduces block i of
+ * the chunk straight from all the slots, in rank order, into the result area (the reduction work
+ * is split across the local ranks); after a second barrier every rank copies the whole result
+ * out. Chunks are cache-sized, so the data stays in cache between the copy in, the reduction and
+ * the copy out; double buffering lets one chunk's copy out overlap the next chunk's copy in.
+ * Because each element is combined in local-rank order by one rank, the result is bitwise the
+ * same on every rank and independent of fusion packing and chunking.
+ *
+ * Hierarchical mode (the job spans hosts): after the local reduction, each local rank allreduces
+ * its own block across hosts over MPI (the cross communicator), so every local rank drives its own
+ * share of the inter-node traffic, then the local copy out distributes the result.
+ *
+ * Set up collectively at context creation over the transport's control plane; used by the
+ * background thread alone.
+ */
+#ifndef CFX_SHM_H
+#define CFX_SHM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "conflux/conflux.h"
+#include "transport.h"
+
+typedef struct cx_shm cx_shm;
+
+/* Maps this host's segment (collective over every rank of `t`). `chunk_bytes` is the slot size. */
+cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, cx_shm **out);
+void cx_shm_destroy(cx_shm *s);
+
+/* In-place allreduce of n elements over the local ranks; with `hierarchical`, across hosts too
+ * (through t->ops->cross_allreduce). */
+cfx_status cx_shm_allreduce(cx_shm *s, cx_transport *t, void *buf, size_t n, cfx_dtype dtype,
+                            cfx_reduce_op op, bool hierarchical);
+
+#endif /* CFX_SHM_H */

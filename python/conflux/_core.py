@@ -1,0 +1,429 @@
+"""Machinery shared by the numpy API, conflux.torch and conflux.horovod.torch.
+
+Owns the module-level context (created by init(), freed by shutdown()), the Handle objects that wrap
+a cfx_handle, and the exception classes. Collectives are submitted through submit(): the caller
+passes the low-level function from conflux._capi, its arguments (tensor descriptions are tuples
+`(address, dtype, shape[, device[, stream]])`), the objects that must stay alive until the collective
+completes, and a function that turns the completed handle into the result.
+"""
+import atexit
+import threading
+
+from . import _capi
+from . import _capi_native as _native
+
+# ---- exceptions (created by the SWIG module, one class per status) ----
+ConfluxError = _native.ConfluxError
+InvalidArgumentError = _native.InvalidArgumentError
+NotInitializedError = _native.NotInitializedError
+ShutDownError = _native.ShutDownError
+DuplicateNameError = _native.DuplicateNameError
+MismatchError = _native.MismatchError
+UnsupportedError = _native.UnsupportedError
+OutOfMemoryError = _native.OutOfMemoryError
+TransportError = _native.TransportError
+WaitTimeoutError = _native.WaitTimeoutError
+InProgressError = _native.InProgressError
+StaleHandleError = _native.StaleHandleError
+StallError = _native.StallError
+PeerLostError = _native.PeerLostError
+ConfigError = _native.ConfigError
+VersionError = _native.VersionError
+JoinedError = _native.JoinedError
+InternalError = _native.InternalError
+CudaError = _native.CudaError
+NcclError = _native.NcclError
+
+
+
+class DtypeError(TypeError, ValueError):
+    """An array/tensor dtype Conflux does not support. A TypeError, and a ValueError as Horovod
+    raises for unsupported tensor types, so either `except` works."""
+
+
+DtypeError.__module__ = "conflux"
+
+ERROR_NAMES = (
+    "DtypeError",
+    "ConfluxError", "InvalidArgumentError", "NotInitializedError", "ShutDownError",
+    "DuplicateNameError", "MismatchError", "UnsupportedError", "OutOfMemoryError", "TransportError",
+    "WaitTimeoutError", "InProgressError", "StaleHandleError", "StallError", "PeerLostError",
+    "ConfigError", "VersionError", "JoinedError", "InternalError", "CudaError", "NcclError",
+)
+
+# ---- reduction ops ----
+Sum = _capi.CFX_OP_SUM
+Average = _capi.CFX_OP_AVERAGE
+Min = _capi.CFX_OP_MIN
+Max = _capi.CFX_OP_MAX
+Product = _capi.CFX_OP_PRODUCT
+_OPS = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product"}
+
+
+def check_op(op):
+    if isinstance(op, bool) or op not in _OPS:
+        raise ValueError("unknown reduction op %r; use Sum, Average, Min, Max or Product" % (op,))
+    return int(op)
+
+
+def check_name(name):
+    if name is None:
+        return None
+    if not isinstance(name, str):
+        raise TypeError("name must be a str or None, not %s" % type(name).__name__)
+    return name
+
+
+def check_root(root_rank):
+    if isinstance(root_rank, bool) or not isinstance(root_rank, int):
+        try:
+            root_rank = int(root_rank.__index__())
+        except AttributeError:
+            raise TypeError("root_rank must be an int, not %s" % type(root_rank).__name__) from None
+    return root_rank
+
+
+# ---- the context ----
+class _Context:
+    """One cfx_context. `ptr` is None once freed; handles check `alive` before touching it."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    @property
+    def alive(self):
+        return self.ptr is not None
+
+
+_lock = threading.RLock()
+_ctx = None          # the current _Context, or None
+_orphans = []        # (ctx, handle id, kept objects) of handles garbage-collected while pending
+
+
+def init(**options):
+    """Joins the job (collective). A second call while initialized does nothing; after shutdown()
+    it creates a new context. Keyword options are fields of cfx_init_options (fusion_threshold_bytes,
+    cycle_time_ms, cache_capacity, log_level, deterministic, stall_warning_s, stall_timeout_s,
+    chunk_bytes, transport); unset ones come from CFX_* variables or the defaults."""
+    global _ctx
+    with _lock:
+        if _ctx is not None:
+            if _capi.cfx_is_running(_ctx.ptr):
+                return
+            _free_context()  # shut down by another rank: start again
+        opts = None
+        if options:
+            opts = _capi.cfx_init_options()
+            _capi.cfx_init_options_init(opts, _capi.CFX_INIT_OPTIONS_VERSION)
+            for key, value in options.items():
+                if key == "version" or not hasattr(opts, key):
+                    raise TypeError("init() got an unknown option %r" % key)
+                setattr(opts, key, value)
+        _ctx = _Context(_capi.cfx_init(opts))
+
+
+def _free_context():
+    global _ctx
+    ctx, _ctx = _ctx, None
+    if ctx is None:
+        return
+    try:
+        _capi.cfx_shutdown(ctx.ptr)
+    except ConfluxError:
+        pass
+    # After cfx_shutdown every pending handle has completed: nothing borrows memory any more.
+    del _orphans[:]
+    ptr, ctx.ptr = ctx.ptr, None
+    _capi.cfx_context_free(ptr)
+
+
+def shutdown():
+    """Shuts Conflux down (pending collectives fail with ShutDownError) and frees the context.
+    Idempotent; init() may be called again afterwards."""
+    with _lock:
+        _free_context()
+
+
+atexit.register(shutdown)
+
+
+def is_initialized():
+    ctx = _ctx
+    return ctx is not None and ctx.alive and bool(_capi.cfx_is_running(ctx.ptr))
+
+
+def current():
+    """The live context, or NotInitializedError."""
+    ctx = _ctx
+    if ctx is None or not ctx.alive:
+        raise NotInitializedError("Conflux has not been initialized; use conflux.init().")
+    return ctx
+
+
+def _topology(fn):
+    return fn(current().ptr)
+
+
+def rank():
+    return _topology(_capi.cfx_rank)
+
+
+def size():
+    return _topology(_capi.cfx_size)
+
+
+def local_rank():
+    return _topology(_capi.cfx_local_rank)
+
+
+def local_size():
+    return _topology(_capi.cfx_local_size)
+
+
+def cross_rank():
+    return _topology(_capi.cfx_cross_rank)
+
+
+def cross_size():
+    return _topology(_capi.cfx_cross_size)
+
+
+def version():
+    """The library's version string, e.g. "1.0.0"."""
+    return _capi.cfx_version_string()
+
+
+FEATURE_BITS = {
+    "mpi": _capi.CFX_FEATURE_MPI,
+    "cuda": _capi.CFX_FEATURE_CUDA,
+    "nccl": _capi.CFX_FEATURE_NCCL,
+    "cuda_device": _capi.CFX_FEATURE_CUDA_DEVICE,
+    "local": _capi.CFX_FEATURE_LOCAL,
+}
+
+
+def features():
+    """What this build supports and this machine offers: {"mpi": bool, "cuda": bool, "nccl": bool,
+    "cuda_device": bool, "local": bool}."""
+    bits = _capi.cfx_features()
+    return {name: bool(bits & bit) for name, bit in FEATURE_BITS.items()}
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Starts writing this rank's timeline (Chrome trace JSON) to `file_path` with the rank inserted
+    ("%r" is replaced by the rank, else ".rank<r>" goes before the extension). Not collective."""
+    if not isinstance(file_path, str) or not file_path:
+        raise ValueError("file_path must be a non-empty str")
+    _capi.cfx_timeline_start(current().ptr, file_path, 1 if mark_cycles else 0)
+
+
+def stop_timeline():
+    """Stops the timeline and completes its file; a no-op when none runs."""
+    _capi.cfx_timeline_stop(current().ptr)
+
+
+# ---- handles ----
+def _reap_orphans():
+    if not _orphans:
+        return
+    with _lock:
+        keep = []
+        for ctx, hid, kept in _orphans:
+            if not ctx.alive:
+                continue
+            try:
+                done = _capi.cfx_poll(ctx.ptr, hid)
+            except ConfluxError:
+                done = 1
+            except ValueError:
+                done = 1
+            if done:
+                try:
+                    _capi.cfx_handle_release(ctx.ptr, hid)
+                except (ConfluxError, ValueError):
+                    pass
+            else:
+                keep.append((ctx, hid, kept))
+        _orphans[:] = keep
+
+
+class Handle:
+    """An in-flight collective. poll() tells whether it completed; wait() (or conflux.synchronize)
+    returns its result or raises its error. The handle keeps the arrays/tensors it uses alive until
+    it completes; a handle dropped while pending is parked until its collective finishes."""
+
+    __slots__ = ("_ctx", "_id", "_keep", "_finish", "_state", "_value", "_lock", "op", "name",
+                 "__weakref__")
+
+    def __init__(self, ctx, hid, keep, finish, op, name):
+        self._ctx = ctx
+        self._id = hid
+        self._keep = keep
+        self._finish = finish
+        self._state = 0      # 0 pending, 1 result in _value, 2 exception in _value
+        self._value = None
+        self._lock = threading.Lock()
+        self.op = op
+        self.name = name
+
+    def __repr__(self):
+        state = ("pending", "done", "failed")[self._state]
+        return "<conflux.Handle %s %s %s>" % (self.op, self.name or "(unnamed)", state)
+
+    def poll(self):
+        """True once the collective completed (successfully or not); never blocks."""
+        if self._state:
+            return True
+        if not self._ctx.alive:
+            return True
+        return bool(_capi.cfx_poll(self._ctx.ptr, self._id))
+
+    # Readers for finish functions (valid until wait() releases the handle).
+    def output(self, index, allocate):
+        """Copies output `index` into a new buffer made by allocate(dtype, shape) -> (obj, address,
+        nbytes) and returns obj."""
+        _, dtype, shape, _ = _capi.cfx_handle_output(self._ctx.ptr, self._id, index)
+        obj, address, nbytes = allocate(dtype, shape)
+        if nbytes:
+            _capi.cfx_handle_output_copy(self._ctx.ptr, self._id, index, address, nbytes)
+        return obj
+
+    def output_count(self):
+        return _capi.cfx_handle_output_count(self._ctx.ptr, self._id)
+
+    def splits(self, index=0):
+        return list(_capi.cfx_handle_splits(self._ctx.ptr, self._id, index))
+
+    def join_rank(self):
+        return _capi.cfx_handle_join_rank(self._ctx.ptr, self._id)
+
+    def wait(self, timeout=None):
+        """Blocks until completion (GIL released) and returns the result; raises the collective's
+        error (a ConfluxError subclass with the engine's message) on every call after a failure.
+        With a timeout (seconds) a WaitTimeoutError leaves the handle pending."""
+        with self._lock:
+            if self._state == 0:
+                self._complete(-1.0 if timeout is None else float(timeout))
+            if self._state == 2:
+                raise self._value
+            return self._value
+
+    def _complete(self, timeout_s):
+        ctx = self._ctx
+        if not ctx.alive:
+            self._state, self._value = 2, ShutDownError(
+                "Conflux was shut down before this %s completed" % self.op)
+            self._keep = None
+            return
+        try:
+            _capi.cfx_py_wait(ctx.ptr, self._id, timeout_s)
+        except WaitTimeoutError:
+            raise
+        except BaseException as exc:
+            if not isinstance(exc, (ConfluxError, ValueError)):
+                raise  # KeyboardInterrupt etc.: the handle stays pending
+            self._state, self._value = 2, exc
+            self._release()
+            return
+        try:
+            value = self._finish(self) if self._finish is not None else None
+        except BaseException as exc:
+            self._state, self._value = 2, exc
+            self._release()
+            raise
+        self._state, self._value = 1, value
+        self._release()
+
+    def _release(self):
+        ctx, hid = self._ctx, self._id
+        self._keep = None
+        self._finish = None
+        if hid and ctx.alive:
+            try:
+                _capi.cfx_handle_release(ctx.ptr, hid)
+            except (ConfluxError, ValueError):
+                pass
+        self._id = 0
+
+    def __del__(self):
+        try:
+            if self._id == 0 or not self._ctx.alive:
+                return
+            if self._state == 0 and not _capi.cfx_poll(self._ctx.ptr, self._id):
+                # Still running: the engine borrows our buffers; park them until it completes.
+                _orphans.append((self._ctx, self._id, self._keep))
+                return
+            _capi.cfx_handle_release(self._ctx.ptr, self._id)
+        except Exception:
+            pass
+
+
+def submit(fn, args, keep, finish, op, name=None):
+    """Calls fn(ctx, *args) -> cfx_handle and wraps it. Argument errors raise here, at the call."""
+    ctx = current()
+    _reap_orphans()
+    hid = fn(ctx.ptr, *args)
+    return Handle(ctx, hid, keep, finish, op, name)
+
+
+def poll(handle):
+    """True when `handle` completed."""
+    if not isinstance(handle, Handle):
+        raise TypeError("expected a conflux handle, not %s" % type(handle).__name__)
+    return handle.poll()
+
+
+def synchronize(handle, timeout=None):
+    """Waits for `handle` and returns the collective's result (or raises its error)."""
+    if not isinstance(handle, Handle):
+        raise TypeError("expected a conflux handle, not %s" % type(handle).__name__)
+    return handle.wait(timeout)
+
+
+def raise_status(status, message):
+    """Raises the exception class of a cfx_status with `message`."""
+    _capi.cfx_py_raise_status(int(status), message)
+
+
+# ---- ABI dtype codes ----
+UINT8 = _capi.CFX_UINT8
+INT8 = _capi.CFX_INT8
+UINT16 = _capi.CFX_UINT16
+INT16 = _capi.CFX_INT16
+INT32 = _capi.CFX_INT32
+INT64 = _capi.CFX_INT64
+FLOAT16 = _capi.CFX_FLOAT16
+BFLOAT16 = _capi.CFX_BFLOAT16
+FLOAT32 = _capi.CFX_FLOAT32
+FLOAT64 = _capi.CFX_FLOAT64
+BOOL = _capi.CFX_BOOL
+
+
+def dtype_size(code):
+    return _capi.cfx_dtype_size(code)
+
+
+def dtype_name(code):
+    return _capi.cfx_dtype_name(code)
+
+
+def barrier_async():
+    return submit(_capi.cfx_barrier_async, (), None, None, "barrier")
+
+
+def join_async():
+    return submit(_capi.cfx_join_async, (), None, lambda h: h.join_rank(), "join")
+
+
+def check_splits(splits):
+    """None or a sequence of ints (numpy/torch integer arrays accepted)."""
+    if splits is None:
+        return None
+    if hasattr(splits, "tolist"):
+        splits = splits.tolist()
+    try:
+        return [int(s) for s in splits]
+    except TypeError:
+        raise TypeError("splits must be None or a sequence of ints") from None

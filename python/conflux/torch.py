@@ -1,0 +1,627 @@
+"""Conflux collectives on torch tensors, DistributedOptimizer and the broadcast helpers.
+
+Nothing here is compiled against torch: a tensor crosses the ABI as (data_ptr(), dtype, shape,
+device, stream), so any torch version works. Tensors are kept alive by the handle until the
+collective completes. Out-of-place collectives accept non-contiguous tensors (they are made
+contiguous first); in-place ones (`..._`) need contiguous tensors.
+
+    import conflux.torch as cfx
+    cfx.init()
+    opt = cfx.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    cfx.broadcast_parameters(model.state_dict(), root_rank=0)
+"""
+import contextlib
+import pickle
+import warnings
+
+import torch
+
+from . import _capi
+from . import _core
+from ._core import (  # noqa: F401  (re-exported API)
+    Average, Handle, Max, Min, Product, Sum,
+    cross_rank, cross_size, features, init, is_initialized, local_rank, local_size, rank,
+    shutdown, size, version, start_timeline, stop_timeline,
+    ConfluxError, InvalidArgumentError, NotInitializedError, ShutDownError, DuplicateNameError,
+    MismatchError, UnsupportedError, OutOfMemoryError, TransportError, WaitTimeoutError,
+    InProgressError, StaleHandleError, StallError, PeerLostError, ConfigError, VersionError,
+    JoinedError, InternalError, CudaError, NcclError, DtypeError,
+)
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
+    "cross_size", "version", "features", "start_timeline", "stop_timeline",
+    "Sum", "Average", "Min", "Max", "Product",
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
+    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
+    "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
+    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
+    "grouped_reducescatter", "grouped_reducescatter_async",
+    "barrier", "join", "poll", "synchronize", "Handle",
+    "DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state",
+    "broadcast_object", "allgather_object", "Compression", "Compressor", "NoneCompressor",
+    "FP16Compressor",
+] + list(_core.ERROR_NAMES)
+
+# ---- torch dtypes <-> ABI dtypes ----
+_TORCH_TO_CFX = {
+    torch.uint8: _core.UINT8,
+    torch.int8: _core.INT8,
+    torch.int16: _core.INT16,
+    torch.int32: _core.INT32,
+    torch.int64: _core.INT64,
+    torch.float16: _core.FLOAT16,
+    torch.bfloat16: _core.BFLOAT16,
+    torch.float32: _core.FLOAT32,
+    torch.float64: _core.FLOAT64,
+    torch.bool: _core.BOOL,
+}
+if hasattr(torch, "uint16"):  # torch >= 2.3
+    _TORCH_TO_CFX[torch.uint16] = _core.UINT16
+_CFX_TO_TORCH = {code: dt for dt, code in _TORCH_TO_CFX.items()}
+
+
+def _check_tensor(t, what):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError("%s needs a torch.Tensor, not %s" % (what, type(t).__name__))
+    if t.layout != torch.strided:
+        raise TypeError("%s needs a dense (strided) tensor, not %s" % (what, t.layout))
+    if t.dtype not in _TORCH_TO_CFX:
+        raise _core.DtypeError("Tensor type %s is not supported by Conflux; supported: %s"
+                        % (t.dtype, ", ".join(str(d) for d in _TORCH_TO_CFX)))
+
+
+def _describe(t):
+    """The ABI's view of a contiguous tensor: its own memory (zero copy)."""
+    if t.device.type == "cpu":
+        return (t.data_ptr(), _TORCH_TO_CFX[t.dtype], tuple(t.shape))
+    if t.device.type == "cuda":
+        stream = torch.cuda.current_stream(t.device).cuda_stream
+        return (t.data_ptr(), _TORCH_TO_CFX[t.dtype], tuple(t.shape), t.device.index, stream)
+    raise TypeError("Conflux supports CPU and CUDA tensors, not device %s" % t.device)
+
+
+def _inplace(t, what):
+    _check_tensor(t, what)
+    if not t.is_contiguous():
+        raise ValueError("Tensor is required to be contiguous for in-place %s." % what)
+    return t.detach()  # same storage; no autograd bookkeeping for the raw write
+
+
+def _input(t, what):
+    _check_tensor(t, what)
+    t = t.detach()
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _allocator(device):
+    def allocate(code, shape):
+        out = torch.empty(tuple(shape), dtype=_CFX_TO_TORCH[code], device=device)
+        return out, out.data_ptr(), out.numel() * out.element_size()
+    return allocate
+
+
+def _scale(v, what):
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        raise TypeError("%s must be a number" % what) from None
+
+
+def poll(handle):
+    """True when `handle` completed."""
+    return _core.poll(handle)
+
+
+def synchronize(handle, timeout=None):
+    """Waits for `handle` and returns its result (a tensor, a list of tensors or a tuple)."""
+    return _core.synchronize(handle, timeout)
+
+
+# ---- allreduce ----
+def allreduce_async_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Starts an in-place allreduce; synchronize() returns `tensor`."""
+    t = _inplace(tensor, "allreduce")
+    return _core.submit(_capi.cfx_allreduce_async,
+                        (_core.check_name(name), _describe(t), None, _core.check_op(op),
+                         _scale(prescale_factor, "prescale_factor"),
+                         _scale(postscale_factor, "postscale_factor")),
+                        (tensor, t), lambda h: tensor, "allreduce", name)
+
+
+def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Starts an allreduce into a new tensor; synchronize() returns it."""
+    t = _input(tensor, "allreduce")
+    out = torch.empty_like(t, memory_format=torch.contiguous_format)
+    return _core.submit(_capi.cfx_allreduce_async,
+                        (_core.check_name(name), _describe(t), out.data_ptr(), _core.check_op(op),
+                         _scale(prescale_factor, "prescale_factor"),
+                         _scale(postscale_factor, "postscale_factor")),
+                        (t, out), lambda h: out, "allreduce", name)
+
+
+class _AllreduceFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, op, name, prescale_factor, postscale_factor):
+        ctx.args = (op, prescale_factor, postscale_factor)
+        return allreduce_async(tensor, op, name, prescale_factor, postscale_factor).wait()
+
+    @staticmethod
+    def backward(ctx, grad):
+        op, pre, post = ctx.args
+        return allreduce_async(grad, op, None, pre, post).wait(), None, None, None, None
+
+
+def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Returns a new tensor reduced over all ranks (differentiable: the gradient is allreduced
+    with the same op)."""
+    if torch.is_grad_enabled() and isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+        _check_tensor(tensor, "allreduce")
+        return _AllreduceFn.apply(tensor, op, name, prescale_factor, postscale_factor)
+    return allreduce_async(tensor, op, name, prescale_factor, postscale_factor).wait()
+
+
+def allreduce_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    """In-place allreduce; returns `tensor`."""
+    return allreduce_async_(tensor, op, name, prescale_factor, postscale_factor).wait()
+
+
+def _grouped(tensors, inplace, op, name, prescale_factor, postscale_factor):
+    tensors = list(tensors)
+    if inplace:
+        ins = [_inplace(t, "grouped_allreduce") for t in tensors]
+        outs, results, ptrs = ins, tensors, None
+    else:
+        ins = [_input(t, "grouped_allreduce") for t in tensors]
+        outs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in ins]
+        results, ptrs = outs, [o.data_ptr() for o in outs]
+    return _core.submit(_capi.cfx_grouped_allreduce_async,
+                        (_core.check_name(name), [_describe(t) for t in ins], ptrs,
+                         _core.check_op(op), _scale(prescale_factor, "prescale_factor"),
+                         _scale(postscale_factor, "postscale_factor")),
+                        (tensors, ins, outs), lambda h: list(results), "grouped_allreduce", name)
+
+
+def grouped_allreduce_async(tensors, op=Average, name=None, prescale_factor=1.0,
+                            postscale_factor=1.0):
+    return _grouped(tensors, False, op, name, prescale_factor, postscale_factor)
+
+
+def grouped_allreduce_async_(tensors, op=Average, name=None, prescale_factor=1.0,
+                             postscale_factor=1.0):
+    return _grouped(tensors, True, op, name, prescale_factor, postscale_factor)
+
+
+def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Allreduces a list of tensors together; returns new tensors."""
+    return _grouped(tensors, False, op, name, prescale_factor, postscale_factor).wait()
+
+
+def grouped_allreduce_(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    return _grouped(tensors, True, op, name, prescale_factor, postscale_factor).wait()
+
+
+# ---- allgather ----
+def allgather_async(tensor, name=None):
+    t = _input(tensor, "allgather")
+    if t.dim() == 0:
+        raise ValueError("allgather needs at least one dimension (got a scalar)")
+    return _core.submit(_capi.cfx_allgather_async, (_core.check_name(name), _describe(t)), t,
+                        lambda h: h.output(0, _allocator(t.device)), "allgather", name)
+
+
+class _AllgatherFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name):
+        h = allgather_async(tensor, name)
+        out = h.wait()
+        ctx.rows = tensor.shape[0]
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        reduced = allreduce_async(grad, Average).wait()
+        rows = allgather_async(torch.tensor([ctx.rows], dtype=torch.int64)).wait()
+        offset = int(rows[:rank()].sum().item())
+        return reduced.narrow(0, offset, ctx.rows), None
+
+
+def allgather(tensor, name=None):
+    """Concatenates every rank's tensor along dim 0 (differentiable)."""
+    if torch.is_grad_enabled() and isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+        _check_tensor(tensor, "allgather")
+        return _AllgatherFn.apply(tensor, name)
+    return allgather_async(tensor, name).wait()
+
+
+def grouped_allgather_async(tensors, name=None):
+    ins = [_input(t, "grouped_allgather") for t in tensors]
+    return _core.submit(_capi.cfx_grouped_allgather_async,
+                        (_core.check_name(name), [_describe(t) for t in ins]), ins,
+                        lambda h: [h.output(i, _allocator(t.device)) for i, t in enumerate(ins)],
+                        "grouped_allgather", name)
+
+
+def grouped_allgather(tensors, name=None):
+    return grouped_allgather_async(tensors, name).wait()
+
+
+# ---- broadcast ----
+def broadcast_async_(tensor, root_rank, name=None):
+    t = _inplace(tensor, "broadcast")
+    return _core.submit(_capi.cfx_broadcast_async,
+                        (_core.check_name(name), _describe(t), _core.check_root(root_rank)),
+                        (tensor, t), lambda h: tensor, "broadcast", name)
+
+
+def broadcast_async(tensor, root_rank, name=None):
+    _check_tensor(tensor, "broadcast")
+    out = tensor.detach().clone(memory_format=torch.contiguous_format)
+    return broadcast_async_(out, root_rank, name)
+
+
+class _BroadcastFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name):
+        ctx.root_rank = root_rank
+        return broadcast_async(tensor, root_rank, name).wait()
+
+    @staticmethod
+    def backward(ctx, grad):
+        reduced = allreduce_async(grad, Average).wait()
+        if rank() != ctx.root_rank:
+            reduced.zero_()
+        return reduced, None, None
+
+
+def broadcast(tensor, root_rank, name=None):
+    """Returns a new tensor holding root_rank's values (differentiable)."""
+    if torch.is_grad_enabled() and isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+        _check_tensor(tensor, "broadcast")
+        return _BroadcastFn.apply(tensor, root_rank, name)
+    return broadcast_async(tensor, root_rank, name).wait()
+
+
+def broadcast_(tensor, root_rank, name=None):
+    """Overwrites `tensor` with root_rank's values; returns it."""
+    return broadcast_async_(tensor, root_rank, name).wait()
+
+
+# ---- alltoall, reducescatter ----
+def alltoall_async(tensor, splits=None, name=None):
+    t = _input(tensor, "alltoall")
+    if t.dim() == 0:
+        raise ValueError("alltoall needs at least one dimension (got a scalar)")
+
+    def finish(h):
+        return (h.output(0, _allocator(t.device)), torch.tensor(h.splits(0), dtype=torch.int32))
+
+    return _core.submit(_capi.cfx_alltoall_async,
+                        (_core.check_name(name), _describe(t), _core.check_splits(splits)),
+                        t, finish, "alltoall", name)
+
+
+def alltoall(tensor, splits=None, name=None):
+    """Sends splits[j] rows to rank j; returns (received, received_splits)."""
+    return alltoall_async(tensor, splits, name).wait()
+
+
+def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    t = _input(tensor, "reducescatter")
+    if t.dim() == 0:
+        raise ValueError("reducescatter needs at least one dimension (got a scalar)")
+    return _core.submit(_capi.cfx_reducescatter_async,
+                        (_core.check_name(name), _describe(t), _core.check_op(op),
+                         _scale(prescale_factor, "prescale_factor"),
+                         _scale(postscale_factor, "postscale_factor")),
+                        t, lambda h: h.output(0, _allocator(t.device)), "reducescatter", name)
+
+
+def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    """Reduces over ranks; returns this rank's block of dim 0."""
+    return reducescatter_async(tensor, op, name, prescale_factor, postscale_factor).wait()
+
+
+def grouped_reducescatter_async(tensors, op=Average, name=None, prescale_factor=1.0,
+                                postscale_factor=1.0):
+    ins = [_input(t, "grouped_reducescatter") for t in tensors]
+    return _core.submit(_capi.cfx_grouped_reducescatter_async,
+                        (_core.check_name(name), [_describe(t) for t in ins], _core.check_op(op),
+                         _scale(prescale_factor, "prescale_factor"),
+                         _scale(postscale_factor, "postscale_factor")),
+                        ins, lambda h: [h.output(i, _allocator(t.device)) for i, t in enumerate(ins)],
+                        "grouped_reducescatter", name)
+
+
+def grouped_reducescatter(tensors, op=Average, name=None, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    return grouped_reducescatter_async(tensors, op, name, prescale_factor, postscale_factor).wait()
+
+
+def barrier():
+    """Returns once every rank reached the barrier."""
+    _core.barrier_async().wait()
+
+
+def join(device=-1):
+    """Declares that this rank has no more data; returns the last rank to join. `device` is
+    accepted for Horovod compatibility (Conflux picks the device from the tensors)."""
+    return _core.join_async().wait()
+
+
+# ---- compression ----
+class Compressor:
+    """Interface for compressing and decompressing a tensor around the allreduce."""
+
+    @staticmethod
+    def compress(tensor):
+        """Returns (compressed tensor, context for decompress)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        raise NotImplementedError
+
+
+class NoneCompressor(Compressor):
+    @staticmethod
+    def compress(tensor):
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
+
+class FP16Compressor(Compressor):
+    """Sends floating-point tensors as float16 (halves the bytes on the wire)."""
+
+    @staticmethod
+    def compress(tensor):
+        if tensor.dtype.is_floating_point and tensor.dtype != torch.float16:
+            return tensor.type(torch.float16), tensor.dtype
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor if ctx is None else tensor.type(ctx)
+
+
+class Compression:
+    none = NoneCompressor
+    fp16 = FP16Compressor
+
+
+# ---- DistributedOptimizer ----
+class _DistributedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
+                 gradient_predivide_factor):
+        super(self.__class__, self).__init__(params)
+        self._compression = compression
+        if op not in (Sum, Average, Min, Max, Product):
+            raise ValueError("unknown reduction op %r" % (op,))
+        if gradient_predivide_factor != 1.0 and op != Average:
+            raise ValueError("gradient_predivide_factor not supported with op != Average")
+        self.op = op
+        self.gradient_predivide_factor = float(gradient_predivide_factor)
+
+        if named_parameters is not None:
+            named_parameters = list(named_parameters)
+        else:
+            named_parameters = [("allreduce.noname.%s.%s" % (g, i), v)
+                                for g, group in enumerate(self.param_groups)
+                                for i, v in enumerate(group["params"])]
+        if any(not isinstance(p, tuple) for p in named_parameters):
+            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                             "usually produced by model.named_parameters().")
+        names = [k for k, _ in named_parameters]
+        dups = sorted({n for n in names if names.count(n) > 1})
+        if dups:
+            raise ValueError("Parameter names in named_parameters must be unique. Found duplicates: %s"
+                             % ", ".join(dups))
+        all_ids = {id(v) for group in self.param_groups for v in group["params"]}
+        named_ids = {id(v) for _, v in named_parameters}
+        unnamed = all_ids - named_ids
+        if unnamed:
+            raise ValueError("named_parameters was specified, but one or more model parameters were "
+                             "not named. Python object ids: %s" % ", ".join(str(i) for i in unnamed))
+        self._parameter_names = {v: k for k, v in named_parameters}
+        self.backward_passes_per_step = int(backward_passes_per_step)
+        self._allreduce_delay = {v: self.backward_passes_per_step
+                                 for _, v in sorted(named_parameters, key=lambda kv: kv[0])}
+        self._handles = {}
+        self._grad_accs = []
+        self._requires_update = set()
+        self._synchronized = False
+        self._should_synchronize = True
+        if size() > 1:
+            self._register_hooks()
+
+    def set_backward_passes_per_step(self, passes):
+        self.backward_passes_per_step = int(passes)
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+
+    def _register_hooks(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    self._requires_update.add(p)
+                    # The gradient accumulator fires after p.grad holds this pass's gradient.
+                    p_tmp = p.expand_as(p)
+                    grad_acc = p_tmp.grad_fn.next_functions[0][0]
+                    grad_acc.register_hook(self._make_hook(p))
+                    self._grad_accs.append(grad_acc)
+
+    def _allreduce_grad_async(self, p):
+        if p.grad is None:
+            # Not produced on this rank (dynamic graphs); other ranks may have it: send zeros.
+            p.grad = torch.zeros_like(p)
+        name = self._parameter_names.get(p)
+        if self.op == Average:
+            # The engine divides by size() on top of the postscale.
+            prescale = 1.0 / self.gradient_predivide_factor
+            postscale = self.gradient_predivide_factor
+        else:
+            prescale = postscale = 1.0
+        compressed, ctx = self._compression.compress(p.grad)
+        if not compressed.is_contiguous():
+            compressed = compressed.contiguous()
+        handle = allreduce_async_(compressed, op=self.op, name=name, prescale_factor=prescale,
+                                  postscale_factor=postscale)
+        return handle, (compressed, ctx)
+
+    def _make_hook(self, p):
+        def hook(*ignore):
+            if p in self._handles and self._handles[p][0] is not None:
+                if self._allreduce_delay[p] <= 0:
+                    raise AssertionError(
+                        "Gradients were computed more than backward_passes_per_step times before "
+                        "call to step(). Increase backward_passes_per_step to accumulate gradients "
+                        "locally.")
+            assert not p.grad.requires_grad
+            assert self._allreduce_delay[p] > 0
+            handle, ctx = None, None
+            self._allreduce_delay[p] -= 1
+            if self._allreduce_delay[p] == 0:
+                handle, ctx = self._allreduce_grad_async(p)
+            self._handles[p] = (handle, ctx)
+        return hook
+
+    def synchronize(self):
+        """Waits for every gradient's allreduce (starting those whose hooks did not fire)."""
+        if size() <= 1:
+            self._synchronized = True
+            return
+        missing = self._requires_update - set(self._handles)
+        for p in sorted(missing, key=lambda q: self._parameter_names.get(q, "")):
+            self._handles[p] = self._allreduce_grad_async(p)
+        for p, (handle, ctx) in list(self._handles.items()):
+            if handle is None:
+                self._handles[p] = self._allreduce_grad_async(p)
+        errors = []
+        for p, (handle, (compressed, cctx)) in self._handles.items():
+            try:
+                output = handle.wait()
+            except Exception as exc:  # wait for the rest before raising
+                errors.append(exc)
+                continue
+            self._allreduce_delay[p] = self.backward_passes_per_step
+            result = self._compression.decompress(output, cctx)
+            if result.data_ptr() != p.grad.data_ptr():
+                p.grad.copy_(result)
+        self._handles.clear()
+        self._synchronized = True
+        if errors:
+            for p in self._allreduce_delay:
+                self._allreduce_delay[p] = self.backward_passes_per_step
+            raise errors[0]
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Inside this block step() does not synchronize (call synchronize() yourself first)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called after optimizer.synchronize() without a new "
+                              "backward pass: the gradients are allreduced again. Use `with "
+                              "optimizer.skip_synchronize(): optimizer.step()` after synchronize().")
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, *args, **kwargs):
+        if self._handles:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
+                                 "optimizer.step() or optimizer.synchronize(). This is prohibited as "
+                                 "it can cause a race condition.")
+        return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0):
+    """Wraps a torch optimizer: each gradient's allreduce starts from a hook as soon as backward
+    produced it (after `backward_passes_per_step` passes), and step() waits for them before
+    updating. Returns an instance of a subclass of the optimizer's class."""
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_DistributedOptimizer.__dict__))
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
+               gradient_predivide_factor)
+
+
+# ---- broadcast helpers ----
+def broadcast_parameters(params, root_rank):
+    """Broadcasts parameters/buffers in place from root_rank: a state_dict or dict (sorted by key),
+    or a sequence of tensors or (name, tensor) pairs (model.named_parameters())."""
+    if isinstance(params, dict):
+        params = sorted(params.items())
+    elif isinstance(params, (list, tuple)) or hasattr(params, "__iter__"):
+        params = [p if isinstance(p, tuple) else (None, p) for p in params]
+    else:
+        raise ValueError("invalid params of type: %s" % type(params))
+    handles = []
+    for name, p in params:
+        if p is None:
+            continue
+        if not isinstance(p, torch.Tensor):
+            raise ValueError("broadcast_parameters: %s is not a tensor (%s)"
+                             % (name, type(p).__name__))
+        handles.append(broadcast_async_(p.data if isinstance(p, torch.nn.Parameter) else p,
+                                        root_rank, None if name is None else "bcast." + name))
+    for h in handles:
+        h.wait()
+
+
+def broadcast_object(obj, root_rank=0, name=None):
+    """Returns root_rank's `obj` (pickled, its size broadcast first, then the bytes)."""
+    base = name or "default"  # the same on every rank (non-root ranks may pass None)
+    if rank() == root_rank:
+        payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        length = torch.tensor([len(payload)], dtype=torch.int64)
+    else:
+        payload = None
+        length = torch.zeros(1, dtype=torch.int64)
+    broadcast_(length, root_rank, name="bcast_object.%s.size" % base)
+    n = int(length.item())
+    if payload is not None:
+        buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if n else torch.zeros(0, dtype=torch.uint8)
+    else:
+        buf = torch.zeros(n, dtype=torch.uint8)
+    broadcast_(buf, root_rank, name="bcast_object.%s.data" % base)
+    if payload is not None:
+        return obj
+    return pickle.loads(buf.numpy().tobytes())
+
+
+def allgather_object(obj, name=None):
+    """Returns a list of every rank's `obj`, in rank order."""
+    base = name or "default"
+    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    sizes = allgather(torch.tensor([len(payload)], dtype=torch.int64),
+                      name="allgather_object.%s.size" % base)
+    data = allgather(buf, name="allgather_object.%s.data" % base).numpy().tobytes()
+    out, off = [], 0
+    for n in sizes.tolist():
+        out.append(pickle.loads(data[off:off + n]))
+        off += n
+    return out
+
+
+def broadcast_optimizer_state(optimizer, root_rank, model=None):
+    """Makes every rank's optimizer state (per-parameter state and hyper-parameters) equal to
+    root_rank's. Ranks whose state is still empty get it created from root's."""
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    state = optimizer.state_dict()
+    state = broadcast_object(state if rank() == root_rank else None, root_rank,
+                             name="optimizer_state")
+    if rank() != root_rank:
+        optimizer.load_state_dict(state)

@@ -1,0 +1,195 @@
+"""Single-process tests (size 1, no mpirun): the API surface, argument errors, handles, and
+init/shutdown cycles. The multi-rank behaviour is in ../mpi."""
+import gc
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import conflux
+
+ISSUE_NAMES = """
+init shutdown is_initialized rank size local_rank local_size cross_rank cross_size version features
+Sum Average Min Max Product allreduce allreduce_ allreduce_async allreduce_async_ grouped_allreduce
+grouped_allreduce_ grouped_allreduce_async grouped_allreduce_async_ allgather broadcast broadcast_
+alltoall reducescatter barrier join allgather_async broadcast_async broadcast_async_ alltoall_async
+reducescatter_async poll synchronize ConfluxError
+""".split()
+
+
+@pytest.fixture(autouse=True)
+def initialized():
+    conflux.init()
+    yield
+
+
+def test_names():
+    missing = [n for n in ISSUE_NAMES if not hasattr(conflux, n)]
+    assert not missing
+    assert set(conflux.__all__) <= set(dir(conflux))
+    assert [conflux.Sum, conflux.Average, conflux.Min, conflux.Max, conflux.Product] == \
+        [0, 1, 2, 3, 4]
+
+
+def test_version_and_features():
+    v = conflux.version()
+    assert v.count(".") == 2 and all(p.isdigit() for p in v.split("."))
+    assert conflux.__version__ == v
+    f = conflux.features()
+    assert set(f) == {"mpi", "cuda", "nccl", "cuda_device", "local"}
+    assert f["local"] is True
+    assert all(isinstance(b, bool) for b in f.values())
+
+
+def test_exception_hierarchy():
+    assert issubclass(conflux.ConfluxError, RuntimeError)
+    for name in ("MismatchError", "StallError", "PeerLostError", "ShutDownError",
+                 "TransportError", "JoinedError", "InternalError", "WaitTimeoutError"):
+        cls = getattr(conflux, name)
+        assert issubclass(cls, conflux.ConfluxError), name
+        assert cls.__module__ == "conflux"
+    assert issubclass(conflux.DuplicateNameError, ValueError)
+    assert issubclass(conflux.InvalidArgumentError, ValueError)
+    assert issubclass(conflux.NotInitializedError, ValueError)
+    assert issubclass(conflux.NotInitializedError, conflux.ConfluxError)
+    assert issubclass(conflux.UnsupportedError, NotImplementedError)
+    assert issubclass(conflux.DtypeError, TypeError) and issubclass(conflux.DtypeError, ValueError)
+    assert conflux.MismatchError.status == 5 and conflux.DuplicateNameError.status == 4
+
+
+def test_size_one_topology():
+    assert conflux.is_initialized()
+    assert (conflux.rank(), conflux.size()) == (0, 1)
+    assert (conflux.local_rank(), conflux.local_size()) == (0, 1)
+    assert (conflux.cross_rank(), conflux.cross_size()) == (0, 1)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "uint16", "int16", "int32", "int64", "float16",
+                                   "float32", "float64", "bool"])
+def test_size_one_collectives_are_identity(dtype):
+    a = (np.arange(12) % 5).astype(dtype).reshape(3, 4)
+    np.testing.assert_array_equal(conflux.allreduce(a, op=conflux.Sum), a)
+    np.testing.assert_array_equal(conflux.allgather(a), a)
+    np.testing.assert_array_equal(conflux.broadcast(a, 0), a)
+    out, splits = conflux.alltoall(a)
+    np.testing.assert_array_equal(out, a)
+    assert splits.tolist() == [3]
+    np.testing.assert_array_equal(conflux.reducescatter(a, op=conflux.Sum), a)
+    b = a.copy()
+    assert conflux.allreduce_(b, op=conflux.Max) is b
+    np.testing.assert_array_equal(b, a)
+
+
+def test_average_scale_factors_at_size_one():
+    a = np.array([1.0, 2.0, 4.0])
+    np.testing.assert_allclose(conflux.allreduce(a, prescale_factor=2.0, postscale_factor=0.25),
+                               a * 0.5)
+
+
+def test_async_handle_lifecycle():
+    a = np.ones(5, np.float32)
+    h = conflux.allreduce_async_(a, name="unit.h")
+    assert "allreduce" in repr(h)
+    assert conflux.synchronize(h) is a
+    assert conflux.poll(h) is True
+    assert "done" in repr(h)
+    hs = [conflux.allreduce_async(np.full(3, i, np.float64), name="unit.many.%d" % i)
+          for i in range(50)]
+    del hs
+    gc.collect()
+    conflux.barrier()
+    assert conflux.join() == 0
+
+
+def test_argument_errors_at_the_call():
+    with pytest.raises(TypeError, match="not supported"):
+        conflux.allreduce(np.zeros(2, np.complex128))
+    with pytest.raises(TypeError, match="non-native byte order"):
+        conflux.allreduce(np.zeros(2, ">f8"))
+    with pytest.raises(ValueError, match="contiguous"):
+        conflux.allreduce_(np.zeros((3, 3))[:, 0])
+    with pytest.raises(ValueError, match="reduction op"):
+        conflux.allreduce(np.zeros(2), op=9)
+    with pytest.raises(TypeError):
+        conflux.allreduce(np.zeros(2), name=b"bytes")
+    with pytest.raises(TypeError, match="unknown option"):
+        conflux.shutdown()
+        conflux.init(no_such_option=1)
+
+
+def test_init_options_and_cycles():
+    conflux.shutdown()
+    conflux.shutdown()  # idempotent
+    assert not conflux.is_initialized()
+    with pytest.raises(conflux.NotInitializedError, match="init"):
+        conflux.rank()
+    with pytest.raises(ValueError):
+        conflux.allreduce(np.ones(1))
+    for _ in range(3):
+        conflux.init(fusion_threshold_bytes=1 << 20, cycle_time_ms=2.0)
+        assert conflux.size() == 1
+        np.testing.assert_array_equal(conflux.allreduce(np.ones(2), op=conflux.Sum), np.ones(2))
+        conflux.shutdown()
+    conflux.init()
+
+
+def test_handle_outlives_shutdown():
+    h = conflux.allreduce_async(np.ones(2))
+    conflux.synchronize(h)
+    pending = conflux.allreduce_async(np.ones(3), name="unit.outlive")
+    conflux.shutdown()
+    try:
+        conflux.synchronize(pending)  # completed before shutdown, or shut down: either way no crash
+    except conflux.ShutDownError:
+        pass
+    del pending
+    gc.collect()
+    conflux.init()
+
+
+def test_torch_bfloat16_and_float16_size_one():
+    torch = pytest.importorskip("torch", reason="python3-torch is not installed")
+    import conflux.torch as cfx
+    for dt in (torch.float16, torch.bfloat16, torch.float32, torch.int64, torch.bool):
+        t = (torch.arange(6) % 3).to(dt)
+        assert torch.equal(cfx.allreduce(t, op=cfx.Sum), t)
+        assert torch.equal(cfx.allgather(t), t)
+    with pytest.raises(TypeError, match="not supported"):
+        cfx.allreduce(torch.zeros(2, dtype=torch.complex64))
+
+
+def test_horovod_size_one_optimizer_is_plain():
+    torch = pytest.importorskip("torch", reason="python3-torch is not installed")
+    import conflux.horovod.torch as hvd
+    hvd.init()
+    m = torch.nn.Linear(2, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                   named_parameters=m.named_parameters())
+    before = m.weight.detach().clone()
+    m(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    assert torch.allclose(m.weight.detach(), before - 0.1)
+
+
+def test_import_does_not_initialize_and_atexit_shuts_down():
+    code = ("import conflux, numpy as np; assert not conflux.is_initialized(); conflux.init(); "
+            "conflux.allreduce_async(np.ones(3)); print('ok')")
+    env = dict(os.environ)
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "ok"
+
+
+def test_timeline_start_stop(tmp_path):
+    import json
+    conflux.start_timeline(str(tmp_path / "tl.json"))
+    conflux.allreduce(np.ones(2), name="unit.timeline")
+    conflux.stop_timeline()
+    conflux.stop_timeline()
+    with open(tmp_path / "tl.rank0.json") as f:
+        assert "unit.timeline" in json.dumps(json.load(f))
+    with pytest.raises(ValueError):
+        conflux.start_timeline("")
