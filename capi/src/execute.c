@@ -98,52 +98,56 @@ static cfx_status ordered_reduce_scatter(cx_exec *x, const void *send, void *out
     return CFX_OK;
 }
 
-/* In-place allreduce of n elements, chunked; deterministic mode reduces in rank order. */
-static cfx_status reduce_buffer(cx_exec *x, void *buf, size_t n, cfx_dtype dtype, cfx_reduce_op op)
+/* Allreduce of n elements from src into dst (which may be the same), chunk by chunk, with the
+ * prescale applied as each chunk is staged and the postscale right after its reduction, while
+ * the chunk is still in cache. Deterministic mode reduces every element in rank order. */
+static cfx_status reduce_chunks(cx_exec *x, const void *src, void *dst, size_t n, cfx_dtype dtype,
+                                cfx_reduce_op op, double prescale, double postscale)
 {
     cx_transport *t = x->transport;
-    size_t esize = cfx_dtype_size(dtype);
-    size_t step = elements_per_chunk(x, esize);
-    if (t->size == 1)
-        return CFX_OK;
-    /* The shared-memory path combines in rank order, so it keeps the deterministic guarantee on
-     * one host; across hosts, deterministic mode takes the ordered path below. */
-    if (x->shm && (!x->cfg->deterministic || !x->hierarchical))
-        return cx_shm_allreduce(x->shm, t, buf, n, dtype, op, x->hierarchical);
-    if (!x->cfg->deterministic) {
-        for (size_t off = 0; off < n; off += step) {
-            size_t len = n - off < step ? n - off : step;
-            cfx_status st = t->ops->allreduce(t, (char *)buf + off * esize, len, dtype, op);
-            if (st)
-                return st;
-        }
-        return CFX_OK;
-    }
     int size = t->size;
-    step *= (size_t)size; /* each rank owns a chunk-sized block of every step */
+    size_t esize = cfx_dtype_size(dtype);
+    bool ordered = x->cfg->deterministic && size > 1;
+    /* Ordered: each rank owns a chunk-sized block of every step. */
+    size_t step = elements_per_chunk(x, esize) * (ordered ? (size_t)size : 1);
     size_t counts[size], bytes[size], displs[size];
     void *block = NULL;
     size_t block_cap = 0;
-    for (size_t off = 0; off < n; off += step) {
+    cfx_status st = CFX_OK;
+    for (size_t off = 0; off < n && !st; off += step) {
         size_t len = n - off < step ? n - off : step;
-        for (int r = 0; r < size; r++) {
-            counts[r] = block_start(len, size, r + 1) - block_start(len, size, r);
-            bytes[r] = counts[r] * esize;
-            displs[r] = block_start(len, size, r) * esize;
+        const char *in = (const char *)src + off * esize;
+        char *chunk = (char *)dst + off * esize;
+        if (in != chunk)
+            cx_scale_copy(chunk, in, len, dtype, prescale);
+        else
+            cx_scale(chunk, len, dtype, prescale);
+        if (size > 1 && !ordered) {
+            st = t->ops->allreduce(t, chunk, len, dtype, op);
+        } else if (ordered) {
+            for (int r = 0; r < size; r++) {
+                counts[r] = block_start(len, size, r + 1) - block_start(len, size, r);
+                bytes[r] = counts[r] * esize;
+                displs[r] = block_start(len, size, r) * esize;
+            }
+            st = reserve(&block, &block_cap, bytes[t->rank] + 1);
+            if (!st)
+                st = ordered_reduce_scatter(x, chunk, block, counts, dtype, op);
+            if (!st)
+                st = t->ops->allgatherv(t, block, bytes[t->rank], chunk, bytes, displs);
         }
-        char *chunk = (char *)buf + off * esize;
-        cfx_status st = reserve(&block, &block_cap, bytes[t->rank] ? bytes[t->rank] : 1);
         if (!st)
-            st = ordered_reduce_scatter(x, chunk, block, counts, dtype, op);
-        if (!st)
-            st = t->ops->allgatherv(t, block, bytes[t->rank], chunk, bytes, displs);
-        if (st) {
-            free(block);
-            return st;
-        }
+            cx_scale(chunk, len, dtype, postscale);
     }
     free(block);
-    return CFX_OK;
+    return st;
+}
+
+/* Whether allreduces take the shared-memory path. It combines in rank order, so it keeps the
+ * deterministic guarantee on one host; across hosts deterministic mode takes the ordered path. */
+static bool use_shm(const cx_exec *x)
+{
+    return x->shm && (!x->cfg->deterministic || !x->hierarchical);
 }
 
 static double final_scale(const cx_exec *x, const cx_response *r)
@@ -166,18 +170,16 @@ static void fail_entries(cx_exec *x, const cx_response *items, size_t n, cx_entr
 }
 
 /* Timeline (timeline.h): PACK, ALLREDUCE and UNPACK of a batch, from stamps t[0..3], on the lane
- * of every tensor in it. */
+ * of every tensor in it; the collective carries the batch's bytes and tensor count. */
 #define TL_STAMP(t, i) do { if (CX_TL(x->timeline)) (t)[i] = cx_timeline_now(); } while (0)
 static void timeline_allreduce(cx_exec *x, const cx_response *items, size_t n, const double *t,
                                size_t bytes)
 {
     for (size_t i = 0; i < n; i++) {
-        cx_timeline_phase(x->timeline, items[i].name, CX_TL_PACK, "PACK", t[0], t[1],
-                          (int64_t)bytes, (int64_t)n);
+        cx_timeline_phase(x->timeline, items[i].name, CX_TL_PACK, "PACK", t[0], t[1], -1, 0);
         cx_timeline_phase(x->timeline, items[i].name, CX_TL_COLLECTIVE, "ALLREDUCE", t[1], t[2],
                           (int64_t)bytes, (int64_t)n);
-        cx_timeline_phase(x->timeline, items[i].name, CX_TL_UNPACK, "UNPACK", t[2], t[3],
-                          (int64_t)bytes, (int64_t)n);
+        cx_timeline_phase(x->timeline, items[i].name, CX_TL_UNPACK, "UNPACK", t[2], t[3], -1, 0);
     }
 }
 
@@ -213,17 +215,30 @@ static cfx_status run_allreduce(cx_exec *x, const cx_response *items, size_t n)
     cfx_status st = CFX_OK;
     double tl[4] = {0};
     TL_STAMP(tl, 0);
-    if (n == 1 && entries[0]) {
+    if (use_shm(x)) {
+        /* Straight from the tensors into shared memory and back: no fusion buffer. */
+        cx_segment stack_segs[16];
+        cx_segment *segs = n <= 16 ? stack_segs : malloc(n * sizeof *segs);
+        if (!segs) {
+            st = cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for %zu segments", n);
+        } else {
+            for (size_t i = 0; i < n; i++) {
+                segs[i].src = entries[i] ? entries[i]->input : NULL;
+                segs[i].dst = entries[i] ? entries[i]->output : NULL;
+                segs[i].count = (size_t)cx_shape_elements(items[i].ndim, items[i].shape);
+            }
+            TL_STAMP(tl, 1);
+            st = cx_shm_allreduce(x->shm, x->transport, segs, n, dtype, op, first->prescale, post,
+                                  x->hierarchical);
+            TL_STAMP(tl, 2);
+            if (segs != stack_segs)
+                free(segs);
+        }
+    } else if (n == 1 && entries[0]) {
         cx_entry *e = entries[0];
-        if (e->output != e->input)
-            cx_scale_copy(e->output, e->input, total, dtype, first->prescale);
-        else
-            cx_scale(e->output, total, dtype, first->prescale);
         TL_STAMP(tl, 1);
-        st = reduce_buffer(x, e->output, total, dtype, op);
+        st = reduce_chunks(x, e->input, e->output, total, dtype, op, first->prescale, post);
         TL_STAMP(tl, 2);
-        if (!st)
-            cx_scale(e->output, total, dtype, post);
     } else {
         st = reserve(&x->fusion, &x->fusion_cap, total * esize + 1);
         char *buf = x->fusion;
@@ -238,7 +253,7 @@ static cfx_status run_allreduce(cx_exec *x, const cx_response *items, size_t n)
         }
         TL_STAMP(tl, 1);
         if (!st)
-            st = reduce_buffer(x, buf, total, dtype, op);
+            st = reduce_chunks(x, buf, buf, total, dtype, op, 1.0, 1.0);
         TL_STAMP(tl, 2);
         off = 0;
         for (size_t i = 0; !st && i < n; i++) {

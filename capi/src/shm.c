@@ -160,17 +160,67 @@ static size_t block_start(size_t n, int parts, int i)
     return i == parts ? n : (b / 16 * 16 < n ? b / 16 * 16 : n);
 }
 
-cfx_status cx_shm_allreduce(cx_shm *s, cx_transport *t, void *buf, size_t n, cfx_dtype dtype,
-                            cfx_reduce_op op, bool hierarchical)
+/* A position in a segment list, advanced as chunks are copied in or out. */
+typedef struct cursor {
+    size_t seg, pos; /* segment index, elements consumed within it */
+} cursor;
+
+/* Copies the next `count` elements of the segments' sources into `to`, scaled. */
+static void copy_in(const cx_segment *segs, cursor *c, size_t count, uint8_t *to, size_t esize,
+                    cfx_dtype dtype, cfx_reduce_op op, double factor)
+{
+    while (count) {
+        const cx_segment *g = &segs[c->seg];
+        size_t n = g->count - c->pos < count ? g->count - c->pos : count;
+        if (g->src)
+            cx_scale_copy(to, (const uint8_t *)g->src + c->pos * esize, n, dtype, factor);
+        else
+            cx_fill_identity(to, n, dtype, op);
+        to += n * esize;
+        count -= n;
+        if ((c->pos += n) == g->count) {
+            c->seg++;
+            c->pos = 0;
+        }
+    }
+}
+
+/* Copies `count` elements from `from` into the next stretch of the segments' destinations. */
+static void copy_out(const cx_segment *segs, cursor *c, size_t count, const uint8_t *from,
+                     size_t esize, cfx_dtype dtype, double factor)
+{
+    while (count) {
+        const cx_segment *g = &segs[c->seg];
+        size_t n = g->count - c->pos < count ? g->count - c->pos : count;
+        if (g->dst)
+            cx_scale_copy((uint8_t *)g->dst + c->pos * esize, from, n, dtype, factor);
+        from += n * esize;
+        count -= n;
+        if ((c->pos += n) == g->count) {
+            c->seg++;
+            c->pos = 0;
+        }
+    }
+}
+
+cfx_status cx_shm_allreduce(cx_shm *s, cx_transport *t, const cx_segment *segs, size_t nsegs,
+                            cfx_dtype dtype, cfx_reduce_op op, double prescale, double postscale,
+                            bool hierarchical)
 {
     size_t esize = cfx_dtype_size(dtype);
     size_t per_chunk = s->chunk / esize;
-    uint8_t *data = buf;
+    size_t n = 0;
+    for (size_t i = 0; i < nsegs; i++)
+        n += segs[i].count;
+    cursor in = {0, 0}, out = {0, 0};
+    /* Skip leading empty segments so the cursors never stand on one. */
+    while (in.seg < nsegs && segs[in.seg].count == 0)
+        in.seg++;
+    out = in;
     int k = 0;
     for (size_t off = 0; off < n; off += per_chunk, k ^= 1) {
         size_t count = n - off < per_chunk ? n - off : per_chunk;
-        size_t bytes = count * esize;
-        memcpy(slot(s, k, s->me), data + off * esize, bytes);
+        copy_in(segs, &in, count, slot(s, k, s->me), esize, dtype, op, prescale);
         barrier(s);
         size_t lo = block_start(count, s->nlocal, s->me);
         size_t hi = block_start(count, s->nlocal, s->me + 1);
@@ -192,7 +242,7 @@ cfx_status cx_shm_allreduce(cx_shm *s, cx_transport *t, void *buf, size_t n, cfx
                 return st;
         }
         barrier(s);
-        memcpy(data + off * esize, res, bytes);
+        copy_out(segs, &out, count, res, esize, dtype, postscale);
     }
     return CFX_OK;
 }

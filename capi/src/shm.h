@@ -33,9 +33,20 @@ typedef struct cx_shm cx_shm;
 cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, cx_shm **out);
 void cx_shm_destroy(cx_shm *s);
 
-/* In-place allreduce of n elements over the local ranks; with `hierarchical`, across hosts too
- * (through t->ops->cross_allreduce). */
-cfx_status cx_shm_allreduce(cx_shm *s, cx_transport *t, void *buf, size_t n, cfx_dtype dtype,
-                            cfx_reduce_op op, bool hierarchical);
+/* One stretch of the logical buffer a reduction covers: `count` elements read from `src` (NULL:
+ * the op's identity, for a rank that has joined) and written back to `dst` (NULL: discarded). */
+typedef struct cx_segment {
+    const void *src;
+    void *dst;
+    size_t count;
+} cx_segment;
+
+/* Allreduce of the concatenation of `segs` over the local ranks; with `hierarchical`, across
+ * hosts too (through t->ops->cross_allreduce). The tensors are copied straight into the shared
+ * slots with `prescale` applied and straight out with `postscale` applied: no fusion buffer and no
+ * separate scaling pass. */
+cfx_status cx_shm_allreduce(cx_shm *s, cx_transport *t, const cx_segment *segs, size_t nsegs,
+                            cfx_dtype dtype, cfx_reduce_op op, double prescale, double postscale,
+                            bool hierarchical);
 
 #endif /* CFX_SHM_H */

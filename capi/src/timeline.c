@@ -149,6 +149,57 @@ static void put_json_string(buf *t, const char *s, size_t n)
     put_text(t, "\"", 1);
 }
 
+/* Numbers without printf: formatting runs for every event, doubles through snprintf are slow. */
+static void put_u64(buf *t, uint64_t v)
+{
+    char tmp[24];
+    int i = (int)sizeof tmp;
+    do {
+        tmp[--i] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    put_text(t, tmp + i, sizeof tmp - (size_t)i);
+}
+
+static void put_i64(buf *t, int64_t v)
+{
+    if (v < 0) {
+        put_text(t, "-", 1);
+        v = -v;
+    }
+    put_u64(t, (uint64_t)v);
+}
+
+/* Seconds as microseconds with 3 decimals (nanosecond resolution). */
+static void put_us(buf *t, double seconds)
+{
+    uint64_t ns = seconds > 0 ? (uint64_t)(seconds * 1e9 + 0.5) : 0;
+    put_u64(t, ns / 1000);
+    char frac[4] = {'.', (char)('0' + ns % 1000 / 100), (char)('0' + ns % 100 / 10),
+                    (char)('0' + ns % 10)};
+    put_text(t, frac, 4);
+}
+
+#define PUT_LIT(t, lit) put_text((t), (lit), sizeof(lit) - 1)
+
+/* The common prefix of an event on a lane: name, cat, ph, pid, tid, ts. */
+static void put_head(buf *t, const char *name, size_t len, const char *cat, const char *ph, int pid,
+                     int32_t tid, double ts)
+{
+    PUT_LIT(t, "{\"name\":");
+    put_json_string(t, name, len);
+    PUT_LIT(t, ",\"cat\":\"");
+    put_text(t, cat, strlen(cat));
+    PUT_LIT(t, "\",\"ph\":\"");
+    put_text(t, ph, strlen(ph));
+    PUT_LIT(t, "\",\"pid\":");
+    put_i64(t, pid);
+    PUT_LIT(t, ",\"tid\":");
+    put_i64(t, tid);
+    PUT_LIT(t, ",\"ts\":");
+    put_us(t, ts);
+}
+
 static void format_rec(cx_timeline *tl, buf *t, const rec *r, const char *s)
 {
     int pid = tl->rank;
@@ -162,29 +213,35 @@ static void format_rec(cx_timeline *tl, buf *t, const rec *r, const char *s)
                 "\"args\":{\"sort_index\":%d}}", pid, r->tid, r->tid);
         break;
     case K_PHASE:
-        put_text(t, "{\"name\":", 8);
-        put_json_string(t, s, r->len);
-        put_fmt(t, ",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f",
-                phase_cat[r->phase], pid, r->tid, r->t0 * 1e6, (r->t1 - r->t0) * 1e6);
-        if (r->bytes >= 0)
-            put_fmt(t, ",\"args\":{\"bytes\":%lld,\"fused\":%lld}}", (long long)r->bytes,
-                    (long long)r->fused);
-        else
-            put_text(t, "}", 1);
+        put_head(t, s, r->len, phase_cat[r->phase], "X", pid, r->tid, r->t0);
+        PUT_LIT(t, ",\"dur\":");
+        put_us(t, r->t1 - r->t0);
+        if (r->bytes >= 0) {
+            PUT_LIT(t, ",\"args\":{\"bytes\":");
+            put_i64(t, r->bytes);
+            PUT_LIT(t, ",\"fused\":");
+            put_i64(t, r->fused);
+            PUT_LIT(t, "}");
+        }
+        PUT_LIT(t, "}");
         break;
     case K_MARK:
-        put_text(t, "{\"name\":", 8);
-        put_json_string(t, s, r->len);
-        put_fmt(t, ",\"cat\":\"%s\",\"ph\":\"i\",\"s\":\"t\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f",
-                r->rank >= 0 ? "ready" : "mark", pid, r->tid, r->t0 * 1e6);
-        if (r->rank >= 0)
-            put_fmt(t, ",\"args\":{\"rank\":%d}", r->rank);
-        put_text(t, "}", 1);
+        put_head(t, s, r->len, r->rank >= 0 ? "ready" : "mark", "i", pid, r->tid, r->t0);
+        PUT_LIT(t, ",\"s\":\"t\"");
+        if (r->rank >= 0) {
+            PUT_LIT(t, ",\"args\":{\"rank\":");
+            put_i64(t, r->rank);
+            PUT_LIT(t, "}");
+        }
+        PUT_LIT(t, "}");
         break;
     case K_CYCLE:
-        put_fmt(t, "{\"name\":\"CYCLE\",\"cat\":\"cycle\",\"ph\":\"X\",\"pid\":%d,\"tid\":0,"
-                "\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"cycle\":%lld}}", pid, r->t0 * 1e6,
-                (r->t1 - r->t0) * 1e6, (long long)r->bytes);
+        put_head(t, "CYCLE", 5, "cycle", "X", pid, 0, r->t0);
+        PUT_LIT(t, ",\"dur\":");
+        put_us(t, r->t1 - r->t0);
+        PUT_LIT(t, ",\"args\":{\"cycle\":");
+        put_i64(t, r->bytes);
+        PUT_LIT(t, "}}");
         break;
     }
 }

@@ -62,7 +62,8 @@ bool cx_timeline_marks_cycles(const cx_timeline *tl);
 void cx_timeline_seen(cx_timeline *tl, const char *name, double enqueued, double now);
 /* The tensor's response is about to run (NEGOTIATE ends now). `coll` names the collective. */
 void cx_timeline_negotiated(cx_timeline *tl, const char *name, double now);
-/* A phase of a tensor as a complete event; bytes and fused (tensors in the batch) as args. */
+/* A phase of a tensor as a complete event; bytes and fused (tensors in the batch) as args
+ * unless bytes < 0. */
 void cx_timeline_phase(cx_timeline *tl, const char *name, cx_tl_phase phase, const char *label,
                        double t0, double t1, int64_t bytes, int64_t fused);
 /* An instant mark on a tensor's lane ("rank 2 ready", "error: ..."). `rank` >= 0 goes in args. */

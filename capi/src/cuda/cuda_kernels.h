@@ -110,9 +110,13 @@ cfx_status cx_cuda_batch_create(cx_cuda_batch **out);
 /* Accepts NULL. Waits for the last upload from the staging memory, then frees it. */
 void cx_cuda_batch_destroy(cx_cuda_batch *b);
 
-/* Plans and uploads `n` descriptors of `dtype` on `stream` (the stream later pack/unpack calls
- * use). Checks each entry (non-NULL pointers for a non-empty tensor, no 64-bit overflow). The
- * staging memory is reused: a second set waits (event, not device sync) for the first upload. */
+/* Plans and uploads `n` descriptors of `dtype` on `stream`. Use one stream for a batch's set,
+ * pack and unpack and the next set (the engine's stream): the upload overwrites the descriptors
+ * the previous kernels read, and only stream order keeps them apart. Checks each entry (non-NULL
+ * pointers for a non-empty tensor, no 64-bit overflow). The page-locked staging memory is reused:
+ * a set waits on the host (on an event, not the device) until the previous upload has left it,
+ * which in steady state is long done. Growing the arrays frees the old device copy (cudaFree
+ * synchronises, but only when a batch is larger than every batch before it). */
 cfx_status cx_cuda_batch_set(cx_cuda_batch *b, const cx_cuda_tensor *tensors, size_t n,
                              cfx_dtype dtype, void *stream);
 

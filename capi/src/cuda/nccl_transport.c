@@ -185,8 +185,9 @@ void cx_nccl_comm_destroy(cx_nccl *c)
         if (c->failed) {
             (void)ncclCommAbort(c->comm); /* peers may be gone: do not wait for them */
         } else {
-            (void)cudaStreamSynchronize(c->stream); /* shutdown only: a stream, not a device, sync */
-            if (ncclCommDestroy(c->comm) != ncclSuccess)
+            /* Pending work first, bounded: a peer that vanished mid-collective must not hang the
+             * shutdown (the wait marks the communicator failed, and it is aborted instead). */
+            if (cx_nccl_wait(c, 30.0) != CFX_OK || ncclCommDestroy(c->comm) != ncclSuccess)
                 (void)ncclCommAbort(c->comm);
         }
     }
