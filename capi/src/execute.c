@@ -431,6 +431,85 @@ static cfx_status run_reducescatter(cx_exec *x, const cx_response *r, cx_entry *
     return CFX_OK;
 }
 
+/* Several allgathers as one allgatherv: each rank sends its inputs back to back; each output is
+ * then assembled from every rank's part. */
+static cfx_status run_allgather_fused(cx_exec *x, const cx_response *items, size_t n)
+{
+    cx_transport *t = x->transport;
+    int size = t->size;
+    cx_entry **entries = calloc(n, sizeof *entries);
+    size_t *rb = calloc(n, sizeof *rb);
+    size_t bytes[size], displs[size];
+    cfx_status st = (entries && rb) ? CFX_OK : cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory");
+    for (size_t i = 0; !st && i < n; i++) {
+        entries[i] = cx_queue_take(x->queue, items[i].name);
+        rb[i] = row_bytes(&items[i]);
+        if (!entries[i])
+            st = cx_fail(CFX_ERR_INTERNAL, "tensor '%s' missing from the table", items[i].name);
+    }
+    size_t total = 0;
+    for (int r = 0; !st && r < size; r++) {
+        bytes[r] = 0;
+        for (size_t i = 0; i < n; i++)
+            bytes[r] += (size_t)items[i].rank_rows[r] * rb[i];
+        displs[r] = total;
+        total += bytes[r];
+    }
+    char *send = NULL, *recv = NULL;
+    if (!st) {
+        send = malloc(bytes[t->rank] + 1);
+        recv = malloc(total + 1);
+        if (!send || !recv)
+            st = cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for a fused allgather of %zu bytes", total);
+    }
+    size_t off = 0;
+    for (size_t i = 0; !st && i < n; i++) {
+        size_t b = (size_t)items[i].rank_rows[t->rank] * rb[i];
+        if (b)
+            memcpy(send + off, entries[i]->input, b);
+        off += b;
+    }
+    if (!st)
+        st = t->ops->allgatherv(t, send, bytes[t->rank], recv, bytes, displs);
+    size_t part[size]; /* read position within each rank's part of recv */
+    for (int r = 0; r < size; r++)
+        part[r] = 0;
+    for (size_t i = 0; !st && i < n; i++) {
+        size_t out_bytes = cx_allgather_bytes(&items[i]);
+        char *out = malloc(out_bytes + 1);
+        int64_t *splits = malloc(sizeof(int64_t) * (size_t)size);
+        if (!out || !splits) {
+            free(out);
+            free(splits);
+            st = cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for allgather output '%s'", items[i].name);
+            break;
+        }
+        size_t o = 0;
+        int64_t rows = 0;
+        for (int r = 0; r < size; r++) {
+            size_t b = (size_t)items[i].rank_rows[r] * rb[i];
+            if (b)
+                memcpy(out + o, recv + displs[r] + part[r], b);
+            part[r] += b;
+            o += b;
+            splits[r] = items[i].rank_rows[r];
+            rows += splits[r];
+        }
+        set_output(x, entries[i], out, out_bytes, &items[i], rows, splits);
+    }
+    free(send);
+    free(recv);
+    char msg[CX_ERROR_MAX];
+    if (st)
+        snprintf(msg, sizeof msg, "allgather of tensor '%s' and the tensors fused with it failed: %s",
+                 items[0].name, cx_error_message());
+    for (size_t i = 0; entries && i < n; i++)
+        cx_exec_complete(x, entries[i], st, st ? msg : NULL);
+    free(entries);
+    free(rb);
+    return st;
+}
+
 /* A single non-allreduce response whose local entry is `e`. */
 static cfx_status run_single(cx_exec *x, const cx_response *r, cx_entry *e)
 {
@@ -475,6 +554,17 @@ cfx_status cx_execute(cx_exec *x, const cx_response_list *responses)
                 failure = st;
             i += n;
             continue;
+        }
+        if (r->coll == CX_ALLGATHER) {
+            size_t n = cx_fusion_batch(responses->items, responses->count, i,
+                                       x->cfg->fusion_threshold, x->cfg->chunk_bytes);
+            if (n > 1) {
+                cfx_status st = run_allgather_fused(x, r, n);
+                if (st == CFX_ERR_TRANSPORT && !failure)
+                    failure = st;
+                i += n;
+                continue;
+            }
         }
         cx_entry *e = cx_queue_take(x->queue, r->name);
         i++;

@@ -545,6 +545,61 @@ static void deterministic_mode(void **state)
     free(a);
 }
 
+/* ---- allgather, alone and fused: rows differ per rank (zero too), dtypes differ per tensor ---- */
+
+static int allgather_rank(cfx_context *ctx, int rank, int size, void *arg)
+{
+    (void)arg;
+    enum { N = 5 };
+    int64_t shapes[N][2];
+    cfx_tensor ts[N];
+    void *bufs[N];
+    for (int i = 0; i < N; i++) {
+        cfx_dtype dtype = i % 2 ? CFX_INT16 : CFX_FLOAT64;
+        int64_t rows = (rank + i) % 3; /* 0, 1 or 2 rows */
+        shapes[i][0] = rows;
+        shapes[i][1] = i + 1;
+        bufs[i] = malloc((size_t)(rows * (i + 1)) * cfx_dtype_size(dtype) + 1);
+        for (int64_t k = 0; k < rows * (i + 1); k++)
+            store(bufs[i], (size_t)k, dtype, (double)(rank * 100 + i * 10 + k));
+        ts[i] = (cfx_tensor){bufs[i], shapes[i], 2, (int32_t)dtype, CFX_DEVICE_CPU, NULL};
+    }
+    cfx_handle h;
+    RANK_CHECK(cfx_grouped_allgather_async(ctx, "gather", N, ts, &h) == CFX_OK, "%s", cfx_last_error());
+    RANK_CHECK(cfx_wait(ctx, h, 60) == CFX_OK, "%s", cfx_last_error());
+    for (int i = 0; i < N; i++) {
+        cfx_tensor out;
+        const int64_t *splits;
+        RANK_CHECK(cfx_handle_output(ctx, h, (size_t)i, &out) == CFX_OK, "%s", cfx_last_error());
+        RANK_CHECK(cfx_handle_splits(ctx, h, (size_t)i, &splits) == CFX_OK, "%s", cfx_last_error());
+        int64_t total = 0;
+        size_t k = 0;
+        for (int r = 0; r < size; r++) {
+            int64_t rows = (r + i) % 3;
+            RANK_CHECK(splits[r] == rows, "tensor %d rank %d: %lld rows, want %lld", i, r,
+                       (long long)splits[r], (long long)rows);
+            for (int64_t e = 0; e < rows * (i + 1); e++, k++) {
+                double got = load(out.data, k, (cfx_dtype)out.dtype);
+                RANK_CHECK(got == (double)(r * 100 + i * 10 + e), "tensor %d from rank %d element %lld: %g",
+                           i, r, (long long)e, got);
+            }
+            total += rows;
+        }
+        RANK_CHECK(out.ndim == 2 && out.shape[0] == total && out.shape[1] == i + 1, "shape of %d", i);
+        free(bufs[i]);
+    }
+    cfx_handle_release(ctx, h);
+    return 0;
+}
+
+static void allgather_fused_and_alone(void **state)
+{
+    (void)state;
+    for (size_t k = 0; k < sizeof rank_counts / sizeof *rank_counts; k++)
+        assert_int_equal(run_ranks(rank_counts[k], allgather_rank, NULL, NULL), 0);
+    assert_int_equal(run_ranks(3, allgather_rank, NULL, small_buffers), 0); /* some unfused */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -553,6 +608,7 @@ int main(void)
         cmocka_unit_test(dtype_op_without_cache),
         cmocka_unit_test(dtype_op_shared_memory),
         cmocka_unit_test(scale_factors_out_of_place),
+        cmocka_unit_test(allgather_fused_and_alone),
         cmocka_unit_test(mismatch_errors),
         cmocka_unit_test(cache_invalidation),
         cmocka_unit_test(local_argument_errors),
