@@ -4,6 +4,8 @@ if(NOT CONFLUX_WITH_MPI STREQUAL "OFF")
 endif()
 conflux_resolve(CONFLUX_WITH_MPI "${MPI_C_FOUND}" "MPI (libopenmpi-dev)")
 
+include(ConfluxCuda)   # CONFLUX_WITH_CUDA/NCCL_ENABLED and the conflux_cuda target
+
 set(CFX_MPI_ENV OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_hwloc_base_binding_policy=none)
 

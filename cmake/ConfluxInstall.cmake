@@ -11,5 +11,7 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/ConfluxConfigVersion.cmak
   COMPATIBILITY SameMajorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/ConfluxConfig.cmake ${PROJECT_BINARY_DIR}/ConfluxConfigVersion.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/Conflux)
+# The .pc file finds the prefix relative to itself, so an installed tree can be moved.
+file(RELATIVE_PATH CFX_PC_PREFIX_REL ${CMAKE_INSTALL_FULL_LIBDIR}/pkgconfig ${CMAKE_INSTALL_PREFIX})
 configure_file(${PROJECT_SOURCE_DIR}/cmake/conflux.pc.in ${PROJECT_BINARY_DIR}/conflux.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/conflux.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

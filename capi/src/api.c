@@ -17,6 +17,9 @@
 #if CFX_HAVE_MPI
 #include "transport_mpi.h"
 #endif
+#if defined(CFX_HAVE_CUDA) && CFX_HAVE_CUDA
+#include "cuda/cuda_kernels.h"
+#endif
 
 #define NAME_MAX_LEN 4096
 
@@ -31,6 +34,14 @@ uint32_t cfx_features(void)
     uint32_t f = CFX_FEATURE_LOCAL;
 #if CFX_HAVE_MPI
     f |= CFX_FEATURE_MPI;
+#endif
+#if defined(CFX_HAVE_CUDA) && CFX_HAVE_CUDA
+    f |= CFX_FEATURE_CUDA;
+    if (cx_cuda_device_count() > 0)
+        f |= CFX_FEATURE_CUDA_DEVICE;
+#endif
+#if defined(CFX_HAVE_NCCL) && CFX_HAVE_NCCL
+    f |= CFX_FEATURE_NCCL;
 #endif
     return f;
 }

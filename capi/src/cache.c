@@ -62,8 +62,11 @@ cx_cache_result cx_cache_lookup(const cx_cache *c, const cx_request *req, size_t
 
 bool cx_cache_cacheable(const cx_response *r)
 {
+    /* Allgather rows of other ranks change freely. Grouped members are not cached one by one:
+     * an eviction could leave part of a group cached and part negotiated, and the coordinator
+     * would wait for ever for the cached members to complete the group. */
     return r->status == CFX_OK && r->coll != CX_BARRIER && r->coll != CX_JOIN &&
-           r->coll != CX_ALLGATHER; /* allgather rows of other ranks change freely */
+           r->coll != CX_ALLGATHER && r->group_size <= 1;
 }
 
 static size_t pick_slot(cx_cache *c)

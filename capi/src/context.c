@@ -275,6 +275,15 @@ cfx_status cx_context_create(cx_transport *transport, const cx_config *cfg, cfx_
     if (!st && ctx->cfg.timeline[0] && /* CFX_TIMELINE: adopted by the thread's first cycle */
         !(st = open_timeline(ctx, ctx->cfg.timeline, ctx->cfg.timeline_cycles, &ctx->tl_next)))
         atomic_store(&ctx->tl_change, 1);
+    if (!st) /* before the thread starts: it may retune ctx->cfg (autotune) */
+        cx_log(&ctx->log, CX_LOG_INFO, "context", "rank %d of %d over %s (local %d/%d, cross %d/%d); "
+           "fusion %lld B, chunk %lld B, cache %lld, cycle %g ms, deterministic %d, allreduce path %s",
+           ctx->rank,
+           ctx->size, transport->ops->name, ctx->local_rank, ctx->local_size, ctx->cross_rank,
+           ctx->cross_size, (long long)ctx->cfg.fusion_threshold, (long long)ctx->cfg.chunk_bytes,
+           (long long)ctx->cfg.cache_capacity, ctx->cfg.cycle_time_ms, ctx->cfg.deterministic,
+           ctx->shm ? (ctx->hierarchical ? "shared memory + MPI across hosts" : "shared memory")
+                    : transport->ops->name);
     if (!st) {
         atomic_store(&ctx->running, 1);
         if (pthread_create(&ctx->thread, NULL, cx_loop_main, ctx) != 0) {
@@ -301,14 +310,6 @@ cfx_status cx_context_create(cx_transport *transport, const cx_config *cfg, cfx_
         free(ctx);
         return cx_fail(st, "%s", msg);
     }
-    cx_log(&ctx->log, CX_LOG_INFO, "context", "rank %d of %d over %s (local %d/%d, cross %d/%d); "
-           "fusion %lld B, chunk %lld B, cache %lld, cycle %g ms, deterministic %d, allreduce path %s",
-           ctx->rank,
-           ctx->size, transport->ops->name, ctx->local_rank, ctx->local_size, ctx->cross_rank,
-           ctx->cross_size, (long long)ctx->cfg.fusion_threshold, (long long)ctx->cfg.chunk_bytes,
-           (long long)ctx->cfg.cache_capacity, ctx->cfg.cycle_time_ms, ctx->cfg.deterministic,
-           ctx->shm ? (ctx->hierarchical ? "shared memory + MPI across hosts" : "shared memory")
-                    : transport->ops->name);
     live_add(ctx);
     *out = ctx;
     return CFX_OK;

@@ -156,6 +156,7 @@ static int tuned_rank(cfx_context *ctx, int rank, int size, void *arg)
     for (int t = 0; t < NT; t++)
         bufs[t] = calloc((size_t)sizes[t], sizeof(float));
     double t0 = mono();
+    int settled_at = -1;
     float go = 1;
     for (int step = 0; go > 0; step++) {
         cfx_handle h[NT + 1];
@@ -169,8 +170,11 @@ static int tuned_rank(cfx_context *ctx, int rank, int size, void *arg)
             RANK_CHECK(cfx_allreduce_async(ctx, name, &x, NULL, CFX_OP_SUM, 1.0, 1.0, &h[t]) == CFX_OK,
                        "submit: %s", cfx_last_error());
         }
-        /* Rank 0 decides when to stop (all ranks must run the same steps). */
-        go = rank == 0 && mono() - t0 < 6.0 ? 1.0f : 0.0f;
+        /* Rank 0 decides when to stop (all ranks must run the same steps): a few steps after the
+         * tuner settled (its CSV says so), or after 120 s (then the checks below fail). */
+        if (rank == 0 && settled_at < 0 && count_lines(csv_path, ",settled", NULL) > 0)
+            settled_at = step;
+        go = rank == 0 && (settled_at < 0 || step < settled_at + 20) && mono() - t0 < 120.0 ? 1.0f : 0.0f;
         cfx_tensor g = tensor1d(&go, shapes[NT], 1, CFX_FLOAT32);
         RANK_CHECK(cfx_allreduce_async(ctx, "go", &g, NULL, CFX_OP_SUM, 1.0, 1.0, &h[NT]) == CFX_OK,
                    "submit go");

@@ -319,7 +319,9 @@ CFX_API cfx_status cfx_join_async(cfx_context *ctx, cfx_handle *out);
  * background thread's working cycles. Returns once the background thread records into it. */
 CFX_API cfx_status cfx_timeline_start(cfx_context *ctx, const char *path, int mark_cycles);
 
-/* Stops the timeline and completes its file (closing bracket); CFX_OK when none runs. */
+/* Stops the timeline and completes its file (closing bracket) before returning; CFX_OK when none
+ * runs or after cfx_shutdown (which completes it). CFX_ERR_SHUT_DOWN when the job stopped on its
+ * own (another rank shut down, a transport error): cfx_shutdown then completes the file. */
 CFX_API cfx_status cfx_timeline_stop(cfx_context *ctx);
 
 #ifdef __cplusplus

@@ -84,6 +84,18 @@ extern "C" cfx_status cx_cuda_set_device(int device)
     return CFX_OK;
 }
 
+extern "C" cfx_status cx_cuda_device_id(int device, char *out, size_t len)
+{
+    if (!out || len < 2 || len > (size_t)INT32_MAX)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cx_cuda_device_id: bad output buffer");
+    cudaError_t e = cudaDeviceGetPCIBusId(out, (int)len, device);
+    if (e != cudaSuccess) {
+        out[0] = '\0';
+        return cuda_fail(e, "cudaDeviceGetPCIBusId");
+    }
+    return CFX_OK;
+}
+
 extern "C" cfx_status cx_cuda_pointer_device(const void *ptr, int *out)
 {
     cudaPointerAttributes a;

@@ -47,6 +47,10 @@ cfx_status cx_cuda_probe(void);
  * ordinal that does not exist or cannot be used. */
 cfx_status cx_cuda_set_device(int device);
 
+/* The PCI bus id of `device` ("0000:19:00.0"), which names one physical GPU across processes: two
+ * ranks on one host with the same id share a GPU (NCCL refuses that; use the host-staged path). */
+cfx_status cx_cuda_device_id(int device, char *out, size_t len);
+
 /* The device ordinal that owns the memory at `ptr`: CFX_ERR_INVALID_ARGUMENT when `ptr` is host
  * memory the device cannot address. Managed memory reports the current device. Synchronous. */
 cfx_status cx_cuda_pointer_device(const void *ptr, int *out);

@@ -1,0 +1,549 @@
+/*
+ * conflux_bench - times Conflux allreduce through the public ABI against raw MPI baselines measured
+ * in the same run, on the same bytes. Run under mpirun (bench/run does it); rank 0 writes raw rows.
+ *
+ * Workloads (all float32, SUM):
+ *   latency  lone tensors of 4 B, 64 B, 1 KiB, 4 KiB: one allreduce enqueue -> completion per repeat;
+ *            call_4B: 4 B allreduces back to back, time per call (the C side of Python's overhead)
+ *   sweep    one tensor of 4 B ... 256 MiB (powers of 4)
+ *   model    ResNet-50, VGG-16, BERT-base gradient sets (bench/workloads/NAME.tsv): every tensor submitted
+ *            in reverse registration order, then wait for all
+ *   many     1,000 and 10,000 tensors of 1 KiB
+ * Methods: conflux (async allreduce of every tensor, wait all, release), mpi_flat (one MPI_Allreduce
+ * of the step's total bytes in one flat buffer), mpi_per_tensor (one MPI_Allreduce per tensor, same
+ * order), mpi_chunk_{1,4,16}M (the flat buffer as sequential chunks).
+ * Timing: MPI_Barrier, then MPI_Wtime around the step on every rank; the max over ranks of each repeat
+ * (MPI_Reduce MAX) goes into the median/min/max. Warm-up repeats are not recorded.
+ * Schedule (--schedule): blocks (default) runs, per workload, the baselines (each repeat times every
+ * baseline back to back, rotating the order, so that noise hits them alike) with no Conflux context
+ * alive, then a fresh context for the Conflux rows: an idle context's background thread (a bit-vector
+ * allreduce every cycle) would otherwise tax the baselines. interleave keeps one context for the run
+ * and puts Conflux into the same rounds as the baselines (the mixed-MPI-user case); phases runs all
+ * baselines first, then one context. MPI runs at MPI_THREAD_MULTIPLE throughout, as Conflux needs.
+ * Every Conflux workload is checked once per run before timing: rank r contributes
+ * (r + 1) + ((7 i + j) mod 13) to element j of tensor i; the sum is known exactly.
+ *
+ * --smoke: every workload once (no warm-up), results checked, nothing timed is asserted; exit 0/1.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mpi.h>
+
+#ifndef CFX_BENCH_HAVE_CONFLUX
+#define CFX_BENCH_HAVE_CONFLUX 1
+#endif
+#if CFX_BENCH_HAVE_CONFLUX
+#include <conflux/conflux.h>
+#endif
+
+#define MAX_DIMS 8
+
+typedef struct tensor_desc {
+    char name[96];
+    int ndim;
+    int64_t shape[MAX_DIMS];
+    size_t count; /* elements */
+    float *data;  /* per-tensor buffer (allocated while the workload runs) */
+} tensor_desc;
+
+typedef struct workload {
+    char group[16];
+    char name[48];
+    int warmup, reps, inner; /* inner: back-to-back steps per timed repeat (time reported per step) */
+    size_t n;
+    tensor_desc *t;
+    size_t total; /* elements */
+} workload;
+
+typedef struct result {
+    double median, min, max;
+    int reps;
+} result;
+
+static int g_rank, g_size;
+static MPI_Comm g_comm; /* the bench's own communicator for baselines and timing */
+static FILE *g_raw;     /* rank 0: raw rows */
+static int g_failures;
+
+static void die(const char *what) {
+    fprintf(stderr, "[rank %d] conflux_bench: %s\n", g_rank, what);
+    MPI_Abort(MPI_COMM_WORLD, 2);
+    exit(2);
+}
+
+static void *xmalloc(size_t bytes) {
+    void *p = NULL;
+    if (bytes == 0) bytes = 64;
+    if (posix_memalign(&p, 64, (bytes + 63) / 64 * 64) != 0) die("out of memory");
+    return p;
+}
+
+/* ---- workload list ----------------------------------------------------------------------------- */
+
+typedef enum mode { MODE_FULL, MODE_QUICK, MODE_SMOKE } mode;
+
+static workload *g_wl;
+static size_t g_nwl, g_capwl;
+
+static workload *add_workload(const char *group, const char *name, int warmup, int reps, int inner,
+                              size_t n) {
+    if (g_nwl == g_capwl) {
+        g_capwl = g_capwl ? 2 * g_capwl : 32;
+        g_wl = realloc(g_wl, g_capwl * sizeof *g_wl);
+        if (!g_wl) die("out of memory");
+    }
+    workload *w = &g_wl[g_nwl++];
+    memset(w, 0, sizeof *w);
+    snprintf(w->group, sizeof w->group, "%s", group);
+    snprintf(w->name, sizeof w->name, "%s", name);
+    w->warmup = warmup;
+    w->reps = reps;
+    w->inner = inner;
+    w->n = n;
+    w->t = calloc(n ? n : 1, sizeof *w->t);
+    if (!w->t) die("out of memory");
+    return w;
+}
+
+static void set_1d(workload *w, size_t i, size_t count) {
+    tensor_desc *t = &w->t[i];
+    snprintf(t->name, sizeof t->name, "%s.%zu", w->name, i);
+    t->ndim = 1;
+    t->shape[0] = (int64_t)count;
+    t->count = count;
+    w->total += count;
+}
+
+static int pick(mode m, int full, int quick) { return m == MODE_FULL ? full : m == MODE_QUICK ? quick : 1; }
+
+static void load_tsv(workload *w, const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        char msg[1200];
+        snprintf(msg, sizeof msg, "cannot open %.1000s: %s", path, strerror(errno));
+        die(msg);
+    }
+    char line[512];
+    size_t cap = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (line[0] == '#' || line[0] == '\n') continue;
+        char *tab = strchr(line, '\t');
+        if (!tab) continue;
+        *tab = '\0';
+        if (w->n == cap) {
+            cap = cap ? 2 * cap : 64;
+            w->t = realloc(w->t, cap * sizeof *w->t);
+            if (!w->t) die("out of memory");
+        }
+        tensor_desc *t = &w->t[w->n];
+        memset(t, 0, sizeof *t);
+        snprintf(t->name, sizeof t->name, "%.40s.%.50s", w->name, line);
+        t->count = 1;
+        char *s = tab + 1;
+        while (*s && *s != '\n' && t->ndim < MAX_DIMS) {
+            char *end;
+            long long d = strtoll(s, &end, 10);
+            if (end == s || d < 0) die("bad dims in workload file");
+            t->shape[t->ndim++] = d;
+            t->count *= (size_t)d;
+            s = (*end == 'x') ? end + 1 : end;
+            if (*s == '\r') break;
+        }
+        w->total += t->count;
+        w->n++;
+    }
+    fclose(f);
+    if (w->n == 0) die("empty workload file");
+}
+
+static void build_workloads(mode m, const char *dir, const char *only) {
+    static const size_t lone[] = {4, 64, 1024, 4096};
+    static const char *lone_names[] = {"lat_4B", "lat_64B", "lat_1KiB", "lat_4KiB"};
+    for (size_t k = 0; k < 4; k++) {
+        workload *w = add_workload("latency", lone_names[k], pick(m, 100, 50) * (m != MODE_SMOKE),
+                                   pick(m, 2000, 500), 1, 1);
+        set_1d(w, 0, lone[k] / 4);
+    }
+    {
+        workload *w = add_workload("latency", "call_4B", pick(m, 5, 2) * (m != MODE_SMOKE), pick(m, 50, 20),
+                                   m == MODE_SMOKE ? 2 : 200, 1);
+        set_1d(w, 0, 1);
+    }
+    for (size_t bytes = 4; bytes <= ((size_t)256 << 20); bytes *= 4) {
+        char name[48];
+        if (bytes < 1024) snprintf(name, sizeof name, "size_%zuB", bytes);
+        else if (bytes < (1u << 20)) snprintf(name, sizeof name, "size_%zuKiB", bytes >> 10);
+        else snprintf(name, sizeof name, "size_%zuMiB", bytes >> 20);
+        int reps = bytes <= (64u << 10) ? pick(m, 200, 50)
+                   : bytes <= (4u << 20) ? pick(m, 50, 15)
+                   : bytes <= (64u << 20) ? pick(m, 10, 5)
+                                          : pick(m, 5, 3);
+        int warm = m == MODE_SMOKE ? 0 : bytes >= (64u << 20) ? 1 : pick(m, 3, 1);
+        workload *w = add_workload("sweep", name, warm, reps, 1, 1);
+        set_1d(w, 0, bytes / 4);
+    }
+    static const char *models[] = {"resnet50", "vgg16", "bert_base"};
+    for (size_t k = 0; k < 3; k++) {
+        workload *w = add_workload("model", models[k], m == MODE_SMOKE ? 0 : pick(m, 2, 1), pick(m, 10, 4), 1, 0);
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s.tsv", dir, models[k]);
+        load_tsv(w, path);
+    }
+    static const size_t many[] = {1000, 10000};
+    for (size_t k = 0; k < 2; k++) {
+        char name[48];
+        snprintf(name, sizeof name, "many_%zuk_1KiB", many[k] / 1000);
+        workload *w = add_workload("many", name, m == MODE_SMOKE ? 0 : pick(m, 3, 1), pick(m, 20, 5), 1, many[k]);
+        for (size_t i = 0; i < many[k]; i++) set_1d(w, i, 256);
+    }
+    if (only && *only) { /* keep workloads whose name or group appears in the comma list */
+        size_t kept = 0;
+        for (size_t i = 0; i < g_nwl; i++) {
+            char list[1024];
+            snprintf(list, sizeof list, "%s", only);
+            int keep = 0;
+            for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ","))
+                if (!strcmp(tok, g_wl[i].name) || !strcmp(tok, g_wl[i].group)) keep = 1;
+            if (keep) g_wl[kept++] = g_wl[i];
+            else free(g_wl[i].t);
+        }
+        g_nwl = kept;
+    }
+}
+
+/* The spec file lets bench/torch_gloo.py time exactly the same tensors. */
+static void write_spec(const char *path) {
+    FILE *f = fopen(path, "w");
+    if (!f) die("cannot write the spec file");
+    fprintf(f, "# conflux_bench workload spec: W group name warmup reps inner ntensors, then T name dims\n");
+    for (size_t i = 0; i < g_nwl; i++) {
+        workload *w = &g_wl[i];
+        fprintf(f, "W %s %s %d %d %d %zu\n", w->group, w->name, w->warmup, w->reps, w->inner, w->n);
+        for (size_t k = 0; k < w->n; k++) {
+            fprintf(f, "T %s ", w->t[k].name);
+            for (int d = 0; d < w->t[k].ndim; d++) fprintf(f, d ? "x%" PRId64 : "%" PRId64, w->t[k].shape[d]);
+            if (w->t[k].ndim == 0) fprintf(f, "1");
+            fprintf(f, "\n");
+        }
+    }
+    fclose(f);
+}
+
+/* ---- buffers and the known-value pattern ------------------------------------------------------ */
+
+static void alloc_tensors(workload *w) {
+    for (size_t i = 0; i < w->n; i++) {
+        w->t[i].data = xmalloc(w->t[i].count * sizeof(float));
+        memset(w->t[i].data, 0, w->t[i].count * sizeof(float)); /* first touch outside timing */
+    }
+}
+
+static void free_tensors(workload *w) {
+    for (size_t i = 0; i < w->n; i++) {
+        free(w->t[i].data);
+        w->t[i].data = NULL;
+    }
+}
+
+#if CFX_BENCH_HAVE_CONFLUX
+static void zero_tensors(workload *w) {
+    for (size_t i = 0; i < w->n; i++) memset(w->t[i].data, 0, w->t[i].count * sizeof(float));
+}
+
+static float pattern(int rank, size_t i, size_t j) { return (float)(rank + 1) + (float)((7 * i + j) % 13); }
+
+static void fill_pattern(workload *w) {
+    for (size_t i = 0; i < w->n; i++)
+        for (size_t j = 0; j < w->t[i].count; j++) w->t[i].data[j] = pattern(g_rank, i, j);
+}
+
+/* 1 when every element equals the sum over ranks of pattern(). */
+static int check_pattern(workload *w, char *why, size_t whylen) {
+    const float base = (float)(g_size * (g_size + 1) / 2);
+    for (size_t i = 0; i < w->n; i++)
+        for (size_t j = 0; j < w->t[i].count; j++) {
+            float want = base + (float)g_size * (float)((7 * i + j) % 13);
+            if (w->t[i].data[j] != want) {
+                snprintf(why, whylen, "%s element %zu = %g, want %g", w->t[i].name, j, (double)w->t[i].data[j],
+                         (double)want);
+                return 0;
+            }
+        }
+    return 1;
+}
+
+#endif
+
+/* ---- timing ------------------------------------------------------------------------------------ */
+
+typedef void (*step_fn)(workload *w, void *arg);
+
+typedef struct method {
+    const char *name;
+    step_fn fn;
+    void *arg;
+    const char *check; /* "ok"/"FAIL" for Conflux, "-" for the baselines */
+    double *samples;
+} method;
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void emit(const workload *w, const char *name, result r, const char *check) {
+    if (g_rank != 0) return;
+    fprintf(g_raw, "%s,%s,%zu,%zu,%s,%d,%.9g,%.9g,%.9g,%s\n", w->group, w->name, w->n, w->total * sizeof(float),
+            name, r.reps, r.median, r.min, r.max, check);
+    fflush(g_raw);
+    printf("  %-9s %-16s %-16s median %12.3f us  (min %.3f, max %.3f)  %s\n", w->group, w->name, name,
+           r.median * 1e6, r.min * 1e6, r.max * 1e6, check);
+    fflush(stdout);
+}
+
+/* Times the methods of one workload. Repeat r runs every method once, back to back, starting at a
+ * rotating position, so that drift and noise from the rest of the machine hit all methods alike and
+ * every ratio comes from the same rounds. Each step: barrier, MPI_Wtime around `inner` steps on every
+ * rank, the max over ranks. */
+static void time_methods(workload *w, method *ms, int nm) {
+    for (int k = 0; k < nm; k++) ms[k].samples = xmalloc((size_t)w->reps * sizeof(double));
+    for (int r = 0; r < w->warmup + w->reps; r++) {
+        for (int k = 0; k < nm; k++) {
+            method *m = &ms[(k + r) % nm];
+            MPI_Barrier(g_comm);
+            double t0 = MPI_Wtime();
+            for (int i = 0; i < w->inner; i++) m->fn(w, m->arg);
+            double dt = (MPI_Wtime() - t0) / w->inner, mx = 0;
+            MPI_Reduce(&dt, &mx, 1, MPI_DOUBLE, MPI_MAX, 0, g_comm);
+            if (r >= w->warmup) m->samples[r - w->warmup] = mx;
+        }
+    }
+    for (int k = 0; k < nm; k++) {
+        result res = {0, 0, 0, w->reps};
+        double *x = ms[k].samples;
+        int n = w->reps;
+        qsort(x, (size_t)n, sizeof(double), cmp_double);
+        res.median = n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+        res.min = x[0];
+        res.max = x[n - 1];
+        emit(w, ms[k].name, res, ms[k].check);
+        free(ms[k].samples);
+    }
+}
+
+/* ---- MPI baselines ----------------------------------------------------------------------------- */
+
+typedef struct flat_arg {
+    float *buf;
+    size_t chunk; /* elements per MPI_Allreduce; 0 = all at once */
+} flat_arg;
+
+static void step_mpi_flat(workload *w, void *arg) {
+    flat_arg *a = arg;
+    size_t chunk = a->chunk ? a->chunk : w->total;
+    for (size_t off = 0; off < w->total; off += chunk) {
+        size_t n = w->total - off < chunk ? w->total - off : chunk;
+        MPI_Allreduce(MPI_IN_PLACE, a->buf + off, (int)n, MPI_FLOAT, MPI_SUM, g_comm);
+    }
+}
+
+static void step_mpi_per_tensor(workload *w, void *arg) {
+    (void)arg;
+    for (size_t i = w->n; i-- > 0;)
+        MPI_Allreduce(MPI_IN_PLACE, w->t[i].data, (int)w->t[i].count, MPI_FLOAT, MPI_SUM, g_comm);
+}
+
+/* ---- Conflux ----------------------------------------------------------------------------------- */
+
+#if CFX_BENCH_HAVE_CONFLUX
+typedef struct cfx_arg {
+    cfx_context *ctx;
+    cfx_handle *h;
+} cfx_arg;
+
+static void cfx_check(cfx_status s, const char *what) {
+    if (s != CFX_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s: %s (%s)", what, cfx_status_string(s), cfx_last_error());
+        die(msg);
+    }
+}
+
+static void step_conflux(workload *w, void *arg) {
+    cfx_arg *a = arg;
+    for (size_t i = w->n; i-- > 0;) { /* gradients arrive in roughly reverse registration order */
+        cfx_tensor t = {w->t[i].data, w->t[i].shape, w->t[i].ndim, CFX_FLOAT32, CFX_DEVICE_CPU, NULL};
+        cfx_check(cfx_allreduce_async(a->ctx, w->t[i].name, &t, NULL, CFX_OP_SUM, 1.0, 1.0, &a->h[i]),
+                  "cfx_allreduce_async");
+    }
+    for (size_t i = w->n; i-- > 0;) {
+        cfx_status s = cfx_wait(a->ctx, a->h[i], -1.0);
+        if (s != CFX_OK) {
+            const char *hm = cfx_handle_message(a->ctx, a->h[i]);
+            char msg[1024];
+            snprintf(msg, sizeof msg, "cfx_wait(%s): %s (%s)", w->t[i].name, cfx_status_string(s), hm ? hm : "");
+            die(msg);
+        }
+        cfx_check(cfx_handle_release(a->ctx, a->h[i]), "cfx_handle_release");
+    }
+}
+#else
+typedef struct cfx_context cfx_context;
+#endif
+
+/* ---- one workload ------------------------------------------------------------------------------ */
+
+/* Runs the workload's methods: Conflux when ctx is set, the MPI baselines when `baselines`. */
+static void run_workload(workload *w, mode m, cfx_context *ctx, int baselines) {
+    method ms[8];
+    int nm = 0;
+    flat_arg fa[4] = {{NULL, 0}};
+    static const size_t chunks_mib[] = {1, 4, 16};
+    static const char *chunk_names[] = {"mpi_chunk_1M", "mpi_chunk_4M", "mpi_chunk_16M"};
+    alloc_tensors(w);
+#if CFX_BENCH_HAVE_CONFLUX
+    cfx_arg ca = {ctx, NULL};
+    if (ctx) {
+        ca.h = xmalloc(w->n * sizeof(cfx_handle));
+        fill_pattern(w); /* checked once per run, before timing (this also warms the cache) */
+        step_conflux(w, &ca);
+        char why[256] = "";
+        int ok = check_pattern(w, why, sizeof why), all_ok = 0;
+        MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, g_comm);
+        if (!ok) fprintf(stderr, "[rank %d] CHECK FAILED %s: %s\n", g_rank, w->name, why);
+        if (!all_ok) g_failures++;
+        zero_tensors(w);
+        ms[nm++] = (method){"conflux", step_conflux, &ca, all_ok ? "ok" : "FAIL", NULL};
+    }
+#else
+    (void)ctx;
+#endif
+    if (baselines) {
+        float *flat = xmalloc(w->total * sizeof(float));
+        memset(flat, 0, w->total * sizeof(float));
+        if (m == MODE_SMOKE) { /* the baselines must be right too, or the ratios mean nothing */
+            for (size_t j = 0; j < w->total; j++) flat[j] = (float)(g_rank + 1);
+            flat_arg one = {flat, 0};
+            step_mpi_flat(w, &one);
+            for (size_t j = 0; j < w->total; j++)
+                if (flat[j] != (float)(g_size * (g_size + 1) / 2)) die("MPI_Allreduce gave a wrong sum");
+            memset(flat, 0, w->total * sizeof(float));
+        }
+        fa[0] = (flat_arg){flat, 0};
+        ms[nm++] = (method){"mpi_flat", step_mpi_flat, &fa[0], "-", NULL};
+        if (w->n > 1) ms[nm++] = (method){"mpi_per_tensor", step_mpi_per_tensor, NULL, "-", NULL};
+        for (size_t k = 0; k < 3; k++) {
+            fa[k + 1] = (flat_arg){flat, (chunks_mib[k] << 20) / sizeof(float)};
+            if (w->total > fa[k + 1].chunk) /* else identical to mpi_flat */
+                ms[nm++] = (method){chunk_names[k], step_mpi_flat, &fa[k + 1], "-", NULL};
+        }
+    }
+    time_methods(w, ms, nm);
+    free(fa[0].buf);
+    free_tensors(w);
+#if CFX_BENCH_HAVE_CONFLUX
+    free(ca.h);
+#endif
+}
+
+/* ---- main -------------------------------------------------------------------------------------- */
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: conflux_bench [--quick|--smoke] [--workloads DIR] [--raw FILE] [--spec FILE]\n"
+            "                     [--only NAME,GROUP,...] [--no-conflux] [--no-mpi]\n"
+            "                     [--schedule blocks|interleave|phases]\n"
+            "  blocks (default): per workload, the baselines with no Conflux context alive, then a fresh\n"
+            "    context for the Conflux rows. interleave: one context for the run, each repeat runs\n"
+            "    Conflux and every baseline back to back (the baselines then share the machine with the\n"
+            "    idle background thread). phases: all baselines first, then one context for Conflux.\n");
+}
+
+int main(int argc, char **argv) {
+    mode m = MODE_FULL;
+    const char *dir = NULL, *raw = NULL, *spec = NULL, *only = NULL;
+    int want_conflux = CFX_BENCH_HAVE_CONFLUX, want_mpi = 1;
+    enum { SCHED_BLOCKS, SCHED_INTERLEAVE, SCHED_PHASES } sched = SCHED_BLOCKS;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) m = MODE_QUICK;
+        else if (!strcmp(argv[i], "--smoke")) m = MODE_SMOKE;
+        else if (!strcmp(argv[i], "--no-conflux")) want_conflux = 0;
+        else if (!strcmp(argv[i], "--no-mpi")) want_mpi = 0;
+        else if (!strcmp(argv[i], "--workloads") && i + 1 < argc) dir = argv[++i];
+        else if (!strcmp(argv[i], "--raw") && i + 1 < argc) raw = argv[++i];
+        else if (!strcmp(argv[i], "--spec") && i + 1 < argc) spec = argv[++i];
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+        else if (!strcmp(argv[i], "--schedule") && i + 1 < argc) {
+            i++;
+            if (!strcmp(argv[i], "phases")) sched = SCHED_PHASES;
+            else if (!strcmp(argv[i], "interleave")) sched = SCHED_INTERLEAVE;
+            else if (strcmp(argv[i], "blocks")) {
+                usage();
+                return 2;
+            }
+        } else {
+            usage();
+            return 2;
+        }
+    }
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    MPI_Comm_dup(MPI_COMM_WORLD, &g_comm);
+#ifdef CFX_BENCH_WORKLOAD_DIR
+    if (!dir) dir = CFX_BENCH_WORKLOAD_DIR;
+#endif
+    if (!dir) dir = "bench/workloads";
+    build_workloads(m, dir, only);
+    if (g_rank == 0) {
+        g_raw = fopen(raw ? raw : "/dev/null", "w");
+        if (!g_raw) die("cannot open the raw output file");
+        fprintf(g_raw, "group,workload,tensors,bytes,method,reps,median_s,min_s,max_s,check\n");
+        if (spec) write_spec(spec);
+        printf("conflux_bench: %d ranks, MPI thread level %d, %zu workloads, mode %s, conflux %s, schedule %s\n",
+               g_size, provided, g_nwl, m == MODE_FULL ? "full" : m == MODE_QUICK ? "quick" : "smoke",
+               want_conflux ? "on" : "off",
+               sched == SCHED_PHASES ? "phases" : sched == SCHED_INTERLEAVE ? "interleave" : "blocks");
+        fflush(stdout);
+    }
+    cfx_context *ctx = NULL;
+    if (sched == SCHED_PHASES || !want_conflux)
+        for (size_t i = 0; i < g_nwl && want_mpi; i++) run_workload(&g_wl[i], m, NULL, 1);
+#if CFX_BENCH_HAVE_CONFLUX
+    if (want_conflux && sched == SCHED_BLOCKS) {
+        for (size_t i = 0; i < g_nwl; i++) {
+            if (want_mpi) run_workload(&g_wl[i], m, NULL, 1);
+            cfx_check(cfx_init(NULL, &ctx), "cfx_init");
+            if (cfx_size(ctx) != g_size) die("cfx_size differs from the MPI world size");
+            run_workload(&g_wl[i], m, ctx, 0);
+            cfx_check(cfx_shutdown(ctx), "cfx_shutdown");
+            cfx_context_free(ctx);
+        }
+    } else if (want_conflux) {
+        cfx_check(cfx_init(NULL, &ctx), "cfx_init");
+        if (cfx_size(ctx) != g_size) die("cfx_size differs from the MPI world size");
+        for (size_t i = 0; i < g_nwl; i++) run_workload(&g_wl[i], m, ctx, want_mpi && sched == SCHED_INTERLEAVE);
+        cfx_check(cfx_shutdown(ctx), "cfx_shutdown");
+        cfx_context_free(ctx);
+    }
+#endif
+    (void)ctx;
+    if (g_rank == 0) {
+        if (g_failures) printf("conflux_bench: %d workload(s) FAILED the result check\n", g_failures);
+        else if (m == MODE_SMOKE) printf("conflux_bench: smoke OK (%zu workloads checked)\n", g_nwl);
+        fclose(g_raw);
+    }
+    for (size_t i = 0; i < g_nwl; i++) free(g_wl[i].t);
+    free(g_wl);
+    MPI_Comm_free(&g_comm);
+    MPI_Finalize();
+    return g_failures ? 1 : 0;
+}

@@ -1,0 +1,49 @@
+#!/bin/sh
+# bench/lang/run.sh [BUILD_DIR] [ROUNDS] [ITERS]: per-call overhead of a 1-element float32 allreduce
+# (enqueue + wait) from C, Java and Lua, in one run at 2 ranks. Each Java and Lua process also times
+# the same call made from C in that process, interleaved in blocks with its own calls, so that the
+# comparison holds under whatever load the machine has; the standalone C program is the process-level
+# reference. ROUNDS rounds of C, Java, Lua in turn; ITERS timed calls per path and round.
+# Prints each round's rank-0 medians (us) and, at the end, the median over rounds per path.
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+src=$(cd "$here/../.." && pwd)
+build=$(cd "${1:-$src/build}" && pwd)
+rounds=${2:-3}
+iters=${3:-5000}
+warm=$((iters / 5))
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
+       OMPI_MCA_hwloc_base_binding_policy=none
+export LUA_PATH_5_4="$build/lua/?.lua;;" LUA_CPATH_5_4="$build/lua/?.so;;"
+cc -std=c11 -O2 -I"$src/capi/include" "$here/overhead.c" -L"$build/capi" -lconflux \
+   -Wl,-rpath,"$build/capi" -o "$tmp/overhead_c"
+mpi="mpirun -np 2 --timeout 300"
+: > "$tmp/all"
+r=1
+while [ "$r" -le "$rounds" ]; do
+  $mpi "$tmp/overhead_c" "$iters" "$warm" | tee -a "$tmp/all"
+  $mpi java -XX:+UseSerialGC -cp "$build/java/conflux.jar" "$here/Overhead.java" "$iters" 10 | tee -a "$tmp/all"
+  $mpi lua5.4 "$here/overhead.lua" "$iters" 10 | tee -a "$tmp/all"
+  r=$((r + 1))
+done
+echo "--- 1-element allreduce, np 2: median over $rounds rounds of each round's median and p10 (us);"
+echo "    each binding next to the C call made in the same process (c-in-java, c-in-lua)"
+awk 'function med(list,   a, m, x, y, t) {
+       m = split(list, a, " ")
+       for (x = 1; x <= m; x++) for (y = x + 1; y <= m; y++) if (a[y] < a[x]) { t = a[x]; a[x] = a[y]; a[y] = t }
+       return a[int((m + 1) / 2)]
+     }
+     { v[$1] = v[$1] " " $2; p[$1] = p[$1] " " $3 }
+     END {
+       n = split("c c-in-java java-array java-buffer c-in-lua lua-array lua-table", k, " ")
+       base["c"] = "c"; base["c-in-java"] = "c"; base["c-in-lua"] = "c"
+       base["java-array"] = "c-in-java"; base["java-buffer"] = "c-in-java"
+       base["lua-array"] = "c-in-lua"; base["lua-table"] = "c-in-lua"
+       for (i = 1; i <= n; i++) { m[k[i]] = med(v[k[i]]); q[k[i]] = med(p[k[i]]) }
+       printf "%-12s %10s %10s %12s %12s\n", "path", "median", "p10", "median-base", "p10-base"
+       for (i = 1; i <= n; i++)
+         printf "%-12s %10.2f %10.2f %+12.2f %+12.2f  (base %s)\n", k[i], m[k[i]], q[k[i]],
+                m[k[i]] - m[base[k[i]]], q[k[i]] - q[base[k[i]]], base[k[i]]
+     }' "$tmp/all"

@@ -1,0 +1,201 @@
+#!/usr/bin/python3
+"""Python side of the Conflux benchmark: torch.distributed (Gloo) and conflux.torch on the same tensors.
+
+Launched by bench/run under mpirun with the same number of ranks as the C benchmark. It reads the
+workload spec the C benchmark wrote (--spec), so both sides time exactly the same tensors, and writes raw
+rows in the C benchmark's CSV format (--raw) with methods:
+  torch_gloo     torch.distributed Gloo: async all_reduce of every tensor (reverse order), then wait all
+  torch_conflux  conflux.torch: allreduce_async_ of every tensor (reverse order), then synchronize all
+                 (only when the package imports; otherwise one 'n/a' row says why)
+Timing as in C: a (Gloo) barrier before each repeat, perf_counter around the step, the max over ranks of
+each repeat, median/min/max after warm-up. Every workload's results are checked once per run against the
+known per-rank pattern (rank r puts (r + 1) + ((7 i + j) mod 13) into element j of tensor i).
+Repeat counts are the spec's, capped, and cut short by a time budget per row (8 s full, 3 s quick):
+Gloo is ~100x slower than MPI on small tensors. The checked step before timing doubles as a warm-up.
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+CAPS = {  # (warm-up cap, repeats cap) per group for the full/quick modes
+    "latency": (20, 500),
+    "sweep": (1, 20),
+    "model": (1, 5),
+    "many": (1, 5),
+}
+
+
+def read_spec(path):
+    workloads = []
+    with open(path) as f:
+        for line in f:
+            if line.startswith("#") or not line.strip():
+                continue
+            parts = line.split()
+            if parts[0] == "W":
+                workloads.append(dict(group=parts[1], name=parts[2], warmup=int(parts[3]), reps=int(parts[4]),
+                                      inner=int(parts[5]), tensors=[]))
+            elif parts[0] == "T":
+                dims = [int(d) for d in parts[2].split("x")]
+                workloads[-1]["tensors"].append((parts[1], dims))
+    return workloads
+
+
+def pattern(rank, i, count):
+    return ((7 * i + np.arange(count, dtype=np.int64)) % 13).astype(np.float32) + np.float32(rank + 1)
+
+
+def fill(tensors, rank):
+    for i, t in enumerate(tensors):
+        t.view(-1).copy_(torch.from_numpy(pattern(rank, i, t.numel())))
+
+
+def check(tensors, size):
+    base = size * (size + 1) // 2
+    for i, t in enumerate(tensors):
+        want = (pattern(0, i, t.numel()) - np.float32(1)) * np.float32(size) + np.float32(base)
+        got = t.view(-1).numpy()
+        if not np.array_equal(got, want):
+            j = int(np.argmax(got != want))
+            return "tensor %d element %d = %g, want %g" % (i, j, got[j], want[j])
+    return None
+
+
+class Timer:
+    """Repeats until `reps` samples or `budget_s` of measured time, whichever comes first (at least one):
+    Gloo needs seconds per step where MPI needs milliseconds. Every rank sees the same max, so every
+    rank takes the same decision."""
+
+    def __init__(self, budget_s):
+        self.budget_s = budget_s
+
+    def run(self, step, warmup, reps, inner):
+        samples, spent = [], 0.0
+        for r in range(warmup + reps):
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                step()
+            dt = torch.tensor([(time.perf_counter() - t0) / inner], dtype=torch.float64)
+            dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+            if r >= warmup:
+                samples.append(float(dt[0]))
+            spent += float(dt[0]) * inner
+            if samples and spent > self.budget_s:
+                break
+        samples.sort()
+        n = len(samples)
+        med = samples[n // 2] if n % 2 else 0.5 * (samples[n // 2 - 1] + samples[n // 2])
+        return med, samples[0], samples[-1], n
+
+
+def gloo_step(tensors):
+    works = [dist.all_reduce(t, async_op=True) for t in reversed(tensors)]
+    for w in works:
+        w.wait()
+
+
+def make_conflux_step(cfx, tensors, names):
+    def step():
+        hs = [cfx.allreduce_async_(tensors[i], name=names[i], op=cfx.Sum) for i in range(len(tensors) - 1, -1, -1)]
+        for h in hs:
+            cfx.synchronize(h)
+    return step
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--spec", required=True)
+    ap.add_argument("--raw", required=True)
+    ap.add_argument("--mode", choices=["full", "quick", "smoke"], default="full")
+    ap.add_argument("--conflux", choices=["auto", "off"], default="auto",
+                    help="auto: also time conflux.torch when it imports")
+    args = ap.parse_args()
+
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")))
+    size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=size)
+    torch.set_num_threads(1)
+
+    workloads = read_spec(args.spec)
+    timer = Timer({"full": 8.0, "quick": 3.0, "smoke": 0.0}[args.mode])
+    out = open(args.raw, "w") if rank == 0 else None
+    failures = 0
+
+    def emit(w, method, res, chk):
+        if rank != 0:
+            return
+        nbytes = sum(int(np.prod(d)) for _, d in w["tensors"]) * 4
+        med, mn, mx, n = res
+        out.write("%s,%s,%d,%d,%s,%d,%.9g,%.9g,%.9g,%s\n" % (w["group"], w["name"], len(w["tensors"]), nbytes,
+                                                            method, n, med, mn, mx, chk))
+        out.flush()
+        print("  %-9s %-16s %-16s median %12.3f us  (min %.3f, max %.3f)  %s" % (
+            w["group"], w["name"], method, med * 1e6, mn * 1e6, mx * 1e6, chk), flush=True)
+
+    def reps_for(w):
+        if args.mode == "smoke":
+            return 0, 1
+        cw, cr = CAPS[w["group"]]
+        return min(w["warmup"], cw), min(w["reps"], cr)
+
+    def all_ok(msg):
+        flag = torch.tensor([0 if msg else 1], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        return bool(flag[0])
+
+    if rank == 0:
+        out.write("group,workload,tensors,bytes,method,reps,median_s,min_s,max_s,check\n")
+        print("torch_gloo.py: %d ranks, torch %s, mode %s" % (size, torch.__version__, args.mode), flush=True)
+
+    def run_backend(method, make_step):
+        nonlocal failures
+        for w in workloads:
+            tensors = [torch.zeros(d, dtype=torch.float32) for _, d in w["tensors"]]
+            names = [n for n, _ in w["tensors"]]
+            step = make_step(tensors, names)
+            fill(tensors, rank)
+            step()
+            msg = check(tensors, size)
+            if msg:
+                print("[rank %d] CHECK FAILED %s %s: %s" % (rank, method, w["name"], msg), file=sys.stderr, flush=True)
+            ok = all_ok(msg)
+            failures += not ok
+            for t in tensors:
+                t.zero_()
+            warm, reps = reps_for(w)
+            emit(w, method, timer.run(step, warm, reps, w["inner"] if args.mode != "smoke" else 1),
+                 "ok" if ok else "FAIL")
+
+    run_backend("torch_gloo", lambda tensors, names: (lambda: gloo_step(tensors)))
+
+    if args.conflux == "auto":
+        try:
+            import conflux.torch as cfx
+            cfx.init()
+        except Exception as e:  # the package is optional; say why it is missing, never fake a row
+            if rank == 0:
+                why = "n/a (python package not importable: %s)" % str(e).replace(",", ";").splitlines()[0][:120]
+                out.write("python,torch_conflux,0,0,torch_conflux,0,,,,%s\n" % why)
+                print("  torch_conflux: " + why, flush=True)
+        else:
+            run_backend("torch_conflux", lambda tensors, names: make_conflux_step(cfx, tensors, names))
+            if hasattr(cfx, "shutdown"):
+                cfx.shutdown()
+
+    dist.barrier()
+    dist.destroy_process_group()
+    if out:
+        out.close()
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

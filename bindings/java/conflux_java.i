@@ -1,0 +1,356 @@
+/*
+ * conflux_java.i - the Java (JNI) part of the SWIG interface, included from conflux.i's SWIGJAVA
+ * block. It owns the low-level layer under org.conflux: the generated classes ConfluxNative and
+ * ConfluxNativeJNI (package-private: users see only the hand-written classes in java/src).
+ *
+ * Shape of the layer, chosen so that the hand-written Java code stays simple and fast:
+ * - cfx_context * travels as a Java long (the pointer), cfx_handle (uint64_t) as a long, every enum
+ *   as an int (enumtypeunsafe); no proxy objects, no BigInteger, no per-call allocation.
+ * - Calls that would need out-parameters or cfx_tensor structs are replaced by cfxj_* helpers that
+ *   take addresses (long) and element counts. A helper that fails returns 0 / NULL / -1 and leaves
+ *   its status in cfxj_last_status() and its message in cfx_last_error() (both per thread), which
+ *   the Java side turns into exceptions. Returning a sentinel instead of throwing from C keeps the
+ *   exception mapping in one Java place (ConfluxException.of).
+ * - Memory: direct buffers are used in place (cfxj_buffer_address); Java arrays are staged in
+ *   malloc'd memory (cfxj_stage / cfxj_unstage / cfxj_free), owned by the Java Handle.
+ */
+
+%include <enumtypeunsafe.swg>
+%javaconst(1);
+%typemap(javaclassmodifiers) enum SWIGTYPE "final $static class"
+%pragma(java) jniclassclassmodifiers="final class"
+%pragma(java) moduleclassmodifiers="final class"
+/* Loading is done by NativeLoader (build tree, installed jar, java.library.path). */
+%pragma(java) jniclasscode=%{
+  static { NativeLoader.load(); }
+%}
+
+/* ---- Type mappings ------------------------------------------------------------------------ */
+
+%typemap(jni) cfx_context *, const cfx_context * "jlong"
+%typemap(jtype) cfx_context *, const cfx_context * "long"
+%typemap(jstype) cfx_context *, const cfx_context * "long"
+%typemap(in) cfx_context *, const cfx_context * %{ $1 = ($1_ltype)(intptr_t)$input; %}
+%typemap(out) cfx_context * %{ $result = (jlong)(intptr_t)$1; %}
+%typemap(javain) cfx_context *, const cfx_context * "$javainput"
+%typemap(javaout) cfx_context * { return $jnicall; }
+
+%typemap(jni) cfx_handle "jlong"
+%typemap(jtype) cfx_handle "long"
+%typemap(jstype) cfx_handle "long"
+%typemap(in) cfx_handle %{ $1 = (cfx_handle)$input; %}
+%typemap(out) cfx_handle %{ $result = (jlong)$1; %}
+%typemap(javain) cfx_handle "$javainput"
+%typemap(javaout) cfx_handle { return $jnicall; }
+
+/* uint32_t would become a Java long anyway; keep the bit mask as an int. */
+%typemap(jni) uint32_t cfx_features "jint"
+%typemap(jtype) uint32_t cfx_features "int"
+%typemap(jstype) uint32_t cfx_features "int"
+%typemap(out) uint32_t cfx_features %{ $result = (jint)$1; %}
+%typemap(javaout) uint32_t cfx_features { return $jnicall; }
+
+/* The JNIEnv of the current call, for helpers that touch Java objects. */
+%typemap(in, numinputs=0) JNIEnv *jenv %{ $1 = jenv; %}
+
+/* ---- What Java does not use from the header (replaced by the helpers below) ---------------- */
+
+%ignore CFX_VERSION_MAJOR;
+%ignore CFX_VERSION_MINOR;
+%ignore CFX_VERSION_PATCH;
+%ignore CFX_VERSION_NUMBER;
+%ignore CFX_ABI_VERSION;
+%ignore CFX_DTYPE_COUNT;
+%ignore CFX_OP_COUNT;
+%ignore CFX_DEVICE_CPU;
+%ignore CFX_MAX_NDIM;
+%ignore CFX_INIT_OPTIONS_VERSION;
+%ignore cfx_tensor;
+%ignore cfx_init_options;
+%ignore cfx_init_options_init;
+%ignore cfx_init;
+%ignore cfx_poll;
+%ignore cfx_handle_output_count;
+%ignore cfx_handle_output;
+%ignore cfx_handle_output_copy;
+%ignore cfx_handle_splits;
+%ignore cfx_handle_join_rank;
+%ignore cfx_allreduce_async;
+%ignore cfx_grouped_allreduce_async;
+%ignore cfx_allgather_async;
+%ignore cfx_grouped_allgather_async;
+%ignore cfx_broadcast_async;
+%ignore cfx_alltoall_async;
+%ignore cfx_reducescatter_async;
+%ignore cfx_grouped_reducescatter_async;
+%ignore cfx_barrier_async;
+%ignore cfx_join_async;
+
+/* ---- Helpers ------------------------------------------------------------------------------ */
+
+%{
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static _Thread_local int cfxj_status_tl;
+
+/* Records a failure of a cfxj_* helper for cfxj_last_status(). */
+static void cfxj_set_status(cfx_status s) { cfxj_status_tl = (int)s; }
+
+static void *cfxj_ptr(int64_t addr) { return (void *)(intptr_t)addr; }
+
+/* A one-dimensional tensor over `count` elements at `addr`; `shape` is the caller's storage. */
+static cfx_tensor cfxj_tensor(int64_t addr, int64_t count, int32_t dtype, int64_t *shape) {
+    cfx_tensor t;
+    shape[0] = count;
+    t.data = cfxj_ptr(addr);
+    t.shape = shape;
+    t.ndim = 1;
+    t.dtype = dtype;
+    t.device = CFX_DEVICE_CPU;
+    t.stream = NULL;
+    return t;
+}
+
+/* Returns the handle, or 0 after recording the status. */
+static cfx_handle cfxj_handle_or_zero(cfx_status s, cfx_handle h) {
+    if (s != CFX_OK) {
+        cfxj_set_status(s);
+        return 0;
+    }
+    return h;
+}
+%}
+
+%inline %{
+/* The status of this thread's last failed cfxj_* call; its message is cfx_last_error(). */
+int cfxj_last_status(void) { return cfxj_status_tl; }
+
+/* cfx_init with every option field spelled out (negative = unset). NULL on failure. */
+cfx_context *cfxj_init(int32_t transport, int64_t fusion_threshold_bytes, double cycle_time_ms,
+                       int64_t cache_capacity, int32_t log_level, int32_t deterministic,
+                       double stall_warning_s, double stall_timeout_s, int64_t chunk_bytes) {
+    cfx_init_options o;
+    cfx_context *ctx = NULL;
+    cfx_status s = cfx_init_options_init(&o, CFX_INIT_OPTIONS_VERSION);
+    if (s == CFX_OK) {
+        if (transport >= 0) o.transport = transport;
+        if (fusion_threshold_bytes >= 0) o.fusion_threshold_bytes = fusion_threshold_bytes;
+        if (cycle_time_ms >= 0) o.cycle_time_ms = cycle_time_ms;
+        if (cache_capacity >= 0) o.cache_capacity = cache_capacity;
+        if (log_level >= 0) o.log_level = log_level;
+        if (deterministic >= 0) o.deterministic = deterministic;
+        if (stall_warning_s >= 0) o.stall_warning_s = stall_warning_s;
+        if (stall_timeout_s >= 0) o.stall_timeout_s = stall_timeout_s;
+        if (chunk_bytes >= 0) o.chunk_bytes = chunk_bytes;
+        s = cfx_init(&o, &ctx);
+    }
+    if (s != CFX_OK) {
+        cfxj_set_status(s);
+        return NULL;
+    }
+    return ctx;
+}
+
+/* The address of a direct buffer's storage (ignoring its position); 0 for a heap buffer. */
+int64_t cfxj_buffer_address(JNIEnv *jenv, jobject buffer) {
+    void *p = buffer ? (*jenv)->GetDirectBufferAddress(jenv, buffer) : NULL;
+    return (int64_t)(intptr_t)p;
+}
+
+/* Copies `bytes` of a primitive Java array into new malloc'd memory; 0 when out of memory. */
+int64_t cfxj_stage(JNIEnv *jenv, jobject array, int64_t bytes) {
+    void *dst = malloc(bytes > 0 ? (size_t)bytes : 1);
+    if (!dst) {
+        cfxj_set_status(CFX_ERR_OUT_OF_MEMORY);
+        return 0;
+    }
+    if (bytes > 0) {
+        void *src = (*jenv)->GetPrimitiveArrayCritical(jenv, (jarray)array, NULL);
+        if (!src) {
+            free(dst);
+            cfxj_set_status(CFX_ERR_OUT_OF_MEMORY);
+            return 0;
+        }
+        memcpy(dst, src, (size_t)bytes);
+        (*jenv)->ReleasePrimitiveArrayCritical(jenv, (jarray)array, src, JNI_ABORT);
+    }
+    return (int64_t)(intptr_t)dst;
+}
+
+/* Copies `bytes` from native memory at `src` back into a primitive Java array. 0 = ok. */
+int cfxj_unstage(JNIEnv *jenv, int64_t src, jobject array, int64_t bytes) {
+    if (bytes <= 0) return 0;
+    void *dst = (*jenv)->GetPrimitiveArrayCritical(jenv, (jarray)array, NULL);
+    if (!dst) return (int)CFX_ERR_OUT_OF_MEMORY;
+    memcpy(dst, cfxj_ptr(src), (size_t)bytes);
+    (*jenv)->ReleasePrimitiveArrayCritical(jenv, (jarray)array, dst, 0);
+    return 0;
+}
+
+void cfxj_free(int64_t addr) { free(cfxj_ptr(addr)); }
+
+cfx_handle cfxj_allreduce(cfx_context *ctx, const char *name, int64_t data, int64_t count,
+                          int32_t dtype, int32_t op, double prescale, double postscale) {
+    int64_t shape[1];
+    cfx_tensor t = cfxj_tensor(data, count, dtype, shape);
+    cfx_handle h = 0;
+    cfx_status s = cfx_allreduce_async(ctx, name, &t, NULL, (cfx_reduce_op)op, prescale,
+                                       postscale, &h);
+    return cfxj_handle_or_zero(s, h);
+}
+
+cfx_handle cfxj_allgather(cfx_context *ctx, const char *name, int64_t data, int64_t count,
+                          int32_t dtype) {
+    int64_t shape[1];
+    cfx_tensor t = cfxj_tensor(data, count, dtype, shape);
+    cfx_handle h = 0;
+    cfx_status s = cfx_allgather_async(ctx, name, &t, &h);
+    return cfxj_handle_or_zero(s, h);
+}
+
+cfx_handle cfxj_broadcast(cfx_context *ctx, const char *name, int64_t data, int64_t count,
+                          int32_t dtype, int32_t root) {
+    int64_t shape[1];
+    cfx_tensor t = cfxj_tensor(data, count, dtype, shape);
+    cfx_handle h = 0;
+    cfx_status s = cfx_broadcast_async(ctx, name, &t, root, &h);
+    return cfxj_handle_or_zero(s, h);
+}
+
+/* `splits` may be null (equal split). */
+cfx_handle cfxj_alltoall(JNIEnv *jenv, cfx_context *ctx, const char *name, int64_t data,
+                         int64_t count, int32_t dtype, jlongArray splits) {
+    int64_t shape[1];
+    cfx_tensor t = cfxj_tensor(data, count, dtype, shape);
+    cfx_handle h = 0;
+    int64_t *sp = NULL;
+    size_t n = 0;
+    cfx_status s;
+    if (splits) {
+        n = (size_t)(*jenv)->GetArrayLength(jenv, splits);
+        sp = malloc((n ? n : 1) * sizeof *sp);
+        if (!sp) return cfxj_handle_or_zero(CFX_ERR_OUT_OF_MEMORY, 0);
+        (*jenv)->GetLongArrayRegion(jenv, splits, 0, (jsize)n, (jlong *)sp);
+    }
+    s = cfx_alltoall_async(ctx, name, &t, sp, n, &h);
+    free(sp);
+    return cfxj_handle_or_zero(s, h);
+}
+
+cfx_handle cfxj_reducescatter(cfx_context *ctx, const char *name, int64_t data, int64_t count,
+                              int32_t dtype, int32_t op, double prescale, double postscale) {
+    int64_t shape[1];
+    cfx_tensor t = cfxj_tensor(data, count, dtype, shape);
+    cfx_handle h = 0;
+    cfx_status s = cfx_reducescatter_async(ctx, name, &t, (cfx_reduce_op)op, prescale, postscale,
+                                           &h);
+    return cfxj_handle_or_zero(s, h);
+}
+
+cfx_handle cfxj_barrier(cfx_context *ctx) {
+    cfx_handle h = 0;
+    cfx_status s = cfx_barrier_async(ctx, &h);
+    return cfxj_handle_or_zero(s, h);
+}
+
+cfx_handle cfxj_join(cfx_context *ctx) {
+    cfx_handle h = 0;
+    cfx_status s = cfx_join_async(ctx, &h);
+    return cfxj_handle_or_zero(s, h);
+}
+
+/* 1 when complete, 0 when pending, -status on error. */
+int cfxj_poll(cfx_context *ctx, cfx_handle handle) {
+    int done = 0;
+    cfx_status s = cfx_poll(ctx, handle, &done);
+    return s == CFX_OK ? (done != 0) : -(int)s;
+}
+
+/* Size in bytes of output `index` of a completed handle; -1 on error. */
+int64_t cfxj_output_bytes(cfx_context *ctx, cfx_handle handle, int64_t index) {
+    cfx_tensor t;
+    int64_t n = 1;
+    int32_t i;
+    cfx_status s = cfx_handle_output(ctx, handle, (size_t)index, &t);
+    if (s != CFX_OK) {
+        cfxj_set_status(s);
+        return -1;
+    }
+    for (i = 0; i < t.ndim; i++) n *= t.shape[i];
+    return n * (int64_t)cfx_dtype_size((cfx_dtype)t.dtype);
+}
+
+/* Copies output `index` to native memory at `dst`. Returns the status. */
+int cfxj_output_copy(cfx_context *ctx, cfx_handle handle, int64_t index, int64_t dst,
+                     int64_t bytes) {
+    return (int)cfx_handle_output_copy(ctx, handle, (size_t)index, cfxj_ptr(dst), (size_t)bytes);
+}
+
+/* Copies output `index` into a primitive Java array of at least `bytes` bytes. Returns the status. */
+int cfxj_output_to_array(JNIEnv *jenv, cfx_context *ctx, cfx_handle handle, int64_t index,
+                         jobject array, int64_t bytes) {
+    cfx_status s;
+    void *dst;
+    if (bytes <= 0) return (int)CFX_OK;
+    dst = (*jenv)->GetPrimitiveArrayCritical(jenv, (jarray)array, NULL);
+    if (!dst) return (int)CFX_ERR_OUT_OF_MEMORY;
+    s = cfx_handle_output_copy(ctx, handle, (size_t)index, dst, (size_t)bytes);
+    (*jenv)->ReleasePrimitiveArrayCritical(jenv, (jarray)array, dst, 0);
+    return (int)s;
+}
+
+/* The per-rank row counts of output `index` (size entries); null on error. */
+jlongArray cfxj_splits(JNIEnv *jenv, cfx_context *ctx, cfx_handle handle, int64_t index) {
+    const int64_t *sp = NULL;
+    int n = cfx_size(ctx);
+    jlongArray out;
+    cfx_status s = cfx_handle_splits(ctx, handle, (size_t)index, &sp);
+    if (s != CFX_OK || n < 0) {
+        cfxj_set_status(s != CFX_OK ? s : CFX_ERR_NOT_INITIALIZED);
+        return NULL;
+    }
+    out = (*jenv)->NewLongArray(jenv, n);
+    if (out && n > 0) (*jenv)->SetLongArrayRegion(jenv, out, 0, n, (const jlong *)sp);
+    return out;
+}
+
+/* The last rank to join (completed join handle); -1 on error. */
+int cfxj_join_rank(cfx_context *ctx, cfx_handle handle) {
+    int r = -1;
+    cfx_status s = cfx_handle_join_rank(ctx, handle, &r);
+    if (s != CFX_OK) {
+        cfxj_set_status(s);
+        return -1;
+    }
+    return r;
+}
+
+/* For bench/lang only: times `n = out.length` 1-element float32 allreduces (enqueue + wait +
+ * release) issued from C on this context, microseconds into `out`, so that a Java benchmark can
+ * interleave them with its own calls under the same conditions. Returns the status. */
+int cfxj_bench_c_allreduce(JNIEnv *jenv, cfx_context *ctx, jdoubleArray out) {
+    jsize n = (*jenv)->GetArrayLength(jenv, out), i;
+    double *t = malloc(((size_t)n + 1) * sizeof *t);
+    float x = 1.0f;
+    int64_t shape[1] = {1};
+    cfx_tensor tensor = cfxj_tensor((int64_t)(intptr_t)&x, 1, CFX_FLOAT32, shape);
+    cfx_status s = CFX_OK;
+    if (!t) return (int)CFX_ERR_OUT_OF_MEMORY;
+    for (i = 0; i < n && s == CFX_OK; i++) {
+        struct timespec a, b;
+        cfx_handle h = 0;
+        timespec_get(&a, TIME_UTC);
+        s = cfx_allreduce_async(ctx, "ovh", &tensor, NULL, CFX_OP_SUM, 1.0, 1.0, &h);
+        if (s == CFX_OK) s = cfx_wait(ctx, h, -1.0);
+        if (h) cfx_handle_release(ctx, h);
+        timespec_get(&b, TIME_UTC);
+        t[i] = (double)(b.tv_sec - a.tv_sec) * 1e6 + (double)(b.tv_nsec - a.tv_nsec) * 1e-3;
+        x = 1.0f;
+    }
+    (*jenv)->SetDoubleArrayRegion(jenv, out, 0, n, t);
+    free(t);
+    return (int)s;
+}
+%}

@@ -1,0 +1,634 @@
+/*
+ * conflux_lua.i - the Lua 5.4 part of the SWIG interface, included from conflux.i's SWIGLUA block.
+ *
+ * It builds the low-level C module `conflux_core` (swig -module conflux_core) that lua/conflux.lua
+ * wraps into the module users `require "conflux"`; users never call it directly.
+ * - Queries without out-parameters (cfx_rank, cfx_version_string, cfx_shutdown, ...) and the enum
+ *   constants are wrapped by SWIG as they are; the context is a SWIG pointer userdata.
+ * - Everything that moves data or handles is a hand-written lua_CFunction (%native): typed arrays
+ *   (userdata "conflux.array" owning its elements, so collectives run on them zero-copy) and the
+ *   collectives on them. cfx_handle (uint64_t) travels as a Lua integer (same 64 bits).
+ * - Failures return `nil, status, message`; conflux.lua raises the structured error, so that the
+ *   mapping lives in one place and error levels point at the user's call.
+ * - Nothing runs on the background thread: completion is observed by poll/wait on the Lua thread.
+ */
+
+%ignore cfx_tensor;
+%ignore cfx_init_options;
+%ignore cfx_init_options_init;
+%ignore cfx_init;
+%ignore cfx_poll;
+%ignore cfx_wait;
+%ignore cfx_handle_status;
+%ignore cfx_handle_message;
+%ignore cfx_handle_release;
+%ignore cfx_handle_output_count;
+%ignore cfx_handle_output;
+%ignore cfx_handle_output_copy;
+%ignore cfx_handle_splits;
+%ignore cfx_handle_join_rank;
+%ignore cfx_allreduce_async;
+%ignore cfx_grouped_allreduce_async;
+%ignore cfx_allgather_async;
+%ignore cfx_grouped_allgather_async;
+%ignore cfx_broadcast_async;
+%ignore cfx_alltoall_async;
+%ignore cfx_reducescatter_async;
+%ignore cfx_grouped_reducescatter_async;
+%ignore cfx_barrier_async;
+%ignore cfx_join_async;
+
+%{
+#include <math.h>
+#include <time.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CFXL_ARRAY "conflux.array"
+
+/* A typed array: header then `n` elements of `dtype`, in one Lua-owned userdata (never moved). */
+typedef struct cfxl_array {
+    int64_t n;
+    int32_t dtype;
+    int32_t elem;
+} cfxl_array;
+
+static void *cfxl_data(cfxl_array *a) { return (void *)(a + 1); }
+
+static int cfxl_fail(lua_State *L, cfx_status s, const char *msg) {
+    lua_pushnil(L);
+    lua_pushinteger(L, (lua_Integer)s);
+    lua_pushstring(L, msg && msg[0] ? msg : cfx_status_string(s));
+    return 3;
+}
+
+static int cfxl_fail_last(lua_State *L, cfx_status s) { return cfxl_fail(L, s, cfx_last_error()); }
+
+static cfx_context *cfxl_ctx(lua_State *L, int idx) {
+    void *p = NULL;
+    if (!SWIG_IsOK(SWIG_ConvertPtr(L, idx, &p, SWIGTYPE_p_cfx_context, 0)) || p == NULL)
+        luaL_argerror(L, idx, "conflux context expected");
+    return (cfx_context *)p;
+}
+
+static cfxl_array *cfxl_check_array(lua_State *L, int idx) {
+    return (cfxl_array *)luaL_checkudata(L, idx, CFXL_ARRAY);
+}
+
+static cfx_handle cfxl_check_handle(lua_State *L, int idx) {
+    return (cfx_handle)luaL_checkinteger(L, idx);
+}
+
+/* ---- float16 / bfloat16 <-> float (round to nearest even) ---- */
+
+static float cfxl_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    float f;
+    if (exp == 0) {
+        f = ldexpf((float)man, -24);
+        return sign ? -f : f;
+    }
+    if (exp == 31) bits = sign | 0x7f800000u | (man << 13);
+    else bits = sign | ((exp + 112) << 23) | (man << 13);
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static uint16_t cfxl_f32_to_f16(float f) {
+    uint32_t x, sign, man;
+    int32_t exp;
+    memcpy(&x, &f, sizeof x);
+    sign = (x >> 16) & 0x8000u;
+    exp = (int32_t)((x >> 23) & 0xff) - 127 + 15;
+    man = x & 0x7fffffu;
+    if (((x >> 23) & 0xff) == 0xff) return (uint16_t)(sign | 0x7c00u | (man ? 0x200u : 0));
+    if (exp >= 31) return (uint16_t)(sign | 0x7c00u);
+    if (exp <= 0) {
+        uint32_t m, shift, r, half;
+        if (exp < -10) return (uint16_t)sign;
+        m = man | 0x800000u;
+        shift = (uint32_t)(14 - exp);
+        r = m >> shift;
+        half = 1u << (shift - 1);
+        if ((m & ((half << 1) - 1)) > half || ((m & ((half << 1) - 1)) == half && (r & 1))) r++;
+        return (uint16_t)(sign | r);
+    }
+    {
+        uint32_t r = sign | ((uint32_t)exp << 10) | (man >> 13), rest = man & 0x1fffu;
+        if (rest > 0x1000u || (rest == 0x1000u && (r & 1))) r++;
+        return (uint16_t)r;
+    }
+}
+
+static float cfxl_bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static uint16_t cfxl_f32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+/* Pushes element i (0-based). */
+static void cfxl_push_elem(lua_State *L, const cfxl_array *a, int64_t i) {
+    const unsigned char *p = (const unsigned char *)(a + 1) + i * a->elem;
+    switch (a->dtype) {
+    case CFX_UINT8: lua_pushinteger(L, *(const uint8_t *)p); break;
+    case CFX_INT8: lua_pushinteger(L, *(const int8_t *)p); break;
+    case CFX_UINT16: lua_pushinteger(L, *(const uint16_t *)p); break;
+    case CFX_INT16: lua_pushinteger(L, *(const int16_t *)p); break;
+    case CFX_INT32: lua_pushinteger(L, *(const int32_t *)p); break;
+    case CFX_INT64: lua_pushinteger(L, (lua_Integer) * (const int64_t *)p); break;
+    case CFX_FLOAT16: lua_pushnumber(L, cfxl_f16_to_f32(*(const uint16_t *)p)); break;
+    case CFX_BFLOAT16: lua_pushnumber(L, cfxl_bf16_to_f32(*(const uint16_t *)p)); break;
+    case CFX_FLOAT32: lua_pushnumber(L, *(const float *)p); break;
+    case CFX_FLOAT64: lua_pushnumber(L, *(const double *)p); break;
+    case CFX_BOOL: lua_pushboolean(L, *(const uint8_t *)p != 0); break;
+    default: lua_pushnil(L); break;
+    }
+}
+
+/* Stores the value at stack index `v` as element i; 0 on success, else an error message. */
+static const char *cfxl_set_elem(lua_State *L, cfxl_array *a, int64_t i, int v) {
+    unsigned char *p = (unsigned char *)(a + 1) + i * a->elem;
+    int isint = 0;
+    lua_Integer k = 0;
+    lua_Number x = 0;
+    if (a->dtype == CFX_BOOL) {
+        if (lua_isboolean(L, v)) {
+            *p = (uint8_t)lua_toboolean(L, v);
+            return NULL;
+        }
+    }
+    if (a->dtype <= CFX_INT64 || a->dtype == CFX_BOOL) {
+        k = lua_tointegerx(L, v, &isint);
+        if (!isint) return "an integer (or a float with an exact integer value) expected";
+    } else {
+        x = lua_tonumberx(L, v, &isint);
+        if (!isint) return "a number expected";
+    }
+    switch (a->dtype) {
+    case CFX_UINT8: *(uint8_t *)p = (uint8_t)k; break;
+    case CFX_INT8: *(int8_t *)p = (int8_t)k; break;
+    case CFX_UINT16: *(uint16_t *)p = (uint16_t)k; break;
+    case CFX_INT16: *(int16_t *)p = (int16_t)k; break;
+    case CFX_INT32: *(int32_t *)p = (int32_t)k; break;
+    case CFX_INT64: *(int64_t *)p = (int64_t)k; break;
+    case CFX_BOOL: *(uint8_t *)p = k != 0; break;
+    case CFX_FLOAT16: *(uint16_t *)p = cfxl_f32_to_f16((float)x); break;
+    case CFX_BFLOAT16: *(uint16_t *)p = cfxl_f32_to_bf16((float)x); break;
+    case CFX_FLOAT32: *(float *)p = (float)x; break;
+    case CFX_FLOAT64: *(double *)p = (double)x; break;
+    default: return "unknown dtype";
+    }
+    return NULL;
+}
+
+/* A new zeroed array on the stack; NULL (nothing pushed) for a bad dtype or size. */
+static cfxl_array *cfxl_new_array(lua_State *L, int32_t dtype, int64_t n) {
+    size_t elem = cfx_dtype_size((cfx_dtype)dtype);
+    cfxl_array *a;
+    if (elem == 0 || n < 0 || (uint64_t)n > (SIZE_MAX - sizeof(cfxl_array)) / elem) return NULL;
+    a = (cfxl_array *)lua_newuserdatauv(L, sizeof(cfxl_array) + (size_t)n * elem, 0);
+    a->n = n;
+    a->dtype = dtype;
+    a->elem = (int32_t)elem;
+    memset(cfxl_data(a), 0, (size_t)n * elem);
+    luaL_setmetatable(L, CFXL_ARRAY);
+    return a;
+}
+
+/* array_new(dtype, n | table) -> array | nil, status, message */
+static int cfxl_array_new(lua_State *L) {
+    int32_t dtype = (int32_t)luaL_checkinteger(L, 1);
+    int64_t n, i;
+    cfxl_array *a;
+    int fromtable = lua_istable(L, 2);
+    if (fromtable) n = (int64_t)luaL_len(L, 2);
+    else n = (int64_t)luaL_checkinteger(L, 2);
+    if (cfx_dtype_size((cfx_dtype)dtype) == 0)
+        return cfxl_fail(L, CFX_ERR_INVALID_ARGUMENT, "unknown dtype");
+    if (n < 0) return cfxl_fail(L, CFX_ERR_INVALID_ARGUMENT, "negative array length");
+    a = cfxl_new_array(L, dtype, n);
+    if (!a) return cfxl_fail(L, CFX_ERR_OUT_OF_MEMORY, "array too large");
+    if (fromtable) {
+        for (i = 0; i < n; i++) {
+            const char *err;
+            lua_geti(L, 2, (lua_Integer)(i + 1));
+            err = cfxl_set_elem(L, a, i, -1);
+            if (err) {
+                lua_pushfstring(L, "element %I: %s, got %s", (lua_Integer)(i + 1), err,
+                                luaL_typename(L, -1));
+                return cfxl_fail(L, CFX_ERR_INVALID_ARGUMENT, lua_tostring(L, -1));
+            }
+            lua_pop(L, 1);
+        }
+    }
+    return 1;
+}
+
+static int64_t cfxl_check_index(lua_State *L, cfxl_array *a, int idx) {
+    lua_Integer i = luaL_checkinteger(L, idx);
+    if (i < 1 || i > a->n)
+        luaL_error(L, "conflux.array index %I out of range 1..%I", i, (lua_Integer)a->n);
+    return (int64_t)(i - 1);
+}
+
+static int cfxl_array_index(lua_State *L) {
+    cfxl_array *a = cfxl_check_array(L, 1);
+    if (lua_type(L, 2) == LUA_TSTRING) {  /* a method */
+        luaL_getmetatable(L, CFXL_ARRAY);
+        lua_getfield(L, -1, "methods");
+        lua_pushvalue(L, 2);
+        lua_rawget(L, -2);
+        return 1;
+    }
+    {
+        /* like a table: out of range (or a non-integer key) reads nil, so ipairs() works */
+        int isint = 0;
+        lua_Integer i = lua_tointegerx(L, 2, &isint);
+        if (isint && i >= 1 && i <= a->n) cfxl_push_elem(L, a, (int64_t)(i - 1));
+        else lua_pushnil(L);
+    }
+    return 1;
+}
+
+static int cfxl_array_newindex(lua_State *L) {
+    cfxl_array *a = cfxl_check_array(L, 1);
+    int64_t i = cfxl_check_index(L, a, 2);
+    const char *err = cfxl_set_elem(L, a, i, 3);
+    if (err) return luaL_error(L, "conflux.array: %s, got %s", err, luaL_typename(L, 3));
+    return 0;
+}
+
+static int cfxl_array_len(lua_State *L) {
+    lua_pushinteger(L, (lua_Integer)cfxl_check_array(L, 1)->n);
+    return 1;
+}
+
+static int cfxl_array_tostring(lua_State *L) {
+    cfxl_array *a = cfxl_check_array(L, 1);
+    lua_pushfstring(L, "conflux.array(%s, %I)", cfx_dtype_name((cfx_dtype)a->dtype), (lua_Integer)a->n);
+    return 1;
+}
+
+static int cfxl_array_dtype(lua_State *L) {
+    lua_pushstring(L, cfx_dtype_name((cfx_dtype)cfxl_check_array(L, 1)->dtype));
+    return 1;
+}
+
+/* a:totable([t]) -> t: elements 1..n into t (a new table when absent). */
+static int cfxl_array_totable(lua_State *L) {
+    cfxl_array *a = cfxl_check_array(L, 1);
+    int64_t i;
+    if (lua_istable(L, 2)) lua_settop(L, 2);
+    else {
+        lua_settop(L, 1);
+        lua_createtable(L, a->n > INT32_MAX ? 0 : (int)a->n, 0);
+    }
+    for (i = 0; i < a->n; i++) {
+        cfxl_push_elem(L, a, i);
+        lua_seti(L, 2, (lua_Integer)(i + 1));
+    }
+    return 1;
+}
+
+/* a:fill(v) -> a */
+static int cfxl_array_fill(lua_State *L) {
+    cfxl_array *a = cfxl_check_array(L, 1);
+    int64_t i;
+    const char *err;
+    luaL_checkany(L, 2);
+    if (a->n == 0) {
+        lua_settop(L, 1);
+        return 1;
+    }
+    err = cfxl_set_elem(L, a, 0, 2);
+    if (err) return luaL_error(L, "conflux.array: %s, got %s", err, luaL_typename(L, 2));
+    for (i = 1; i < a->n; i++)
+        memcpy((unsigned char *)cfxl_data(a) + i * a->elem, cfxl_data(a), (size_t)a->elem);
+    lua_settop(L, 1);
+    return 1;
+}
+
+/* a:tobytes() -> the raw elements as a string (native byte order). */
+static int cfxl_array_tobytes(lua_State *L) {
+    cfxl_array *a = cfxl_check_array(L, 1);
+    lua_pushlstring(L, (const char *)cfxl_data(a), (size_t)(a->n * a->elem));
+    return 1;
+}
+
+/* a:copy() -> a new array with the same elements. */
+static int cfxl_array_copy(lua_State *L) {
+    cfxl_array *a = cfxl_check_array(L, 1);
+    cfxl_array *b = cfxl_new_array(L, a->dtype, a->n);
+    if (!b) return luaL_error(L, "conflux.array: out of memory");
+    memcpy(cfxl_data(b), cfxl_data(a), (size_t)(a->n * a->elem));
+    return 1;
+}
+
+static int cfxl_is_array(lua_State *L) {
+    lua_pushboolean(L, luaL_testudata(L, 1, CFXL_ARRAY) != NULL);
+    return 1;
+}
+
+static void cfxl_register_array(lua_State *L) {
+    static const luaL_Reg meta[] = {{"__index", cfxl_array_index}, {"__newindex", cfxl_array_newindex},
+                                    {"__len", cfxl_array_len}, {"__tostring", cfxl_array_tostring},
+                                    {NULL, NULL}};
+    static const luaL_Reg methods[] = {{"dtype", cfxl_array_dtype}, {"totable", cfxl_array_totable},
+                                       {"fill", cfxl_array_fill}, {"tobytes", cfxl_array_tobytes},
+                                       {"copy", cfxl_array_copy}, {NULL, NULL}};
+    if (luaL_newmetatable(L, CFXL_ARRAY)) {
+        luaL_setfuncs(L, meta, 0);
+        luaL_newlib(L, methods);
+        lua_setfield(L, -2, "methods");
+        lua_pushliteral(L, "conflux.array");
+        lua_setfield(L, -2, "__name");
+    }
+    lua_pop(L, 1);
+}
+
+/* ---- context ---- */
+
+/* init(transport, fusion, cycle_ms, cache, log_level, deterministic, stall_warn, stall_timeout, chunk)
+ * -> ctx | nil, status, message. Negative or nil = unset. */
+static int cfxl_init(lua_State *L) {
+    cfx_init_options o;
+    cfx_context *ctx = NULL;
+    cfx_status s = cfx_init_options_init(&o, CFX_INIT_OPTIONS_VERSION);
+    if (s != CFX_OK) return cfxl_fail_last(L, s);
+#define CFXL_OPT_I(idx, field)                                                                     \
+    if (!lua_isnoneornil(L, idx) && luaL_checkinteger(L, idx) >= 0) o.field = luaL_checkinteger(L, idx)
+#define CFXL_OPT_N(idx, field)                                                                     \
+    if (!lua_isnoneornil(L, idx) && luaL_checknumber(L, idx) >= 0) o.field = luaL_checknumber(L, idx)
+    CFXL_OPT_I(1, transport);
+    CFXL_OPT_I(2, fusion_threshold_bytes);
+    CFXL_OPT_N(3, cycle_time_ms);
+    CFXL_OPT_I(4, cache_capacity);
+    CFXL_OPT_I(5, log_level);
+    CFXL_OPT_I(6, deterministic);
+    CFXL_OPT_N(7, stall_warning_s);
+    CFXL_OPT_N(8, stall_timeout_s);
+    CFXL_OPT_I(9, chunk_bytes);
+#undef CFXL_OPT_I
+#undef CFXL_OPT_N
+    s = cfx_init(&o, &ctx);
+    if (s != CFX_OK) return cfxl_fail_last(L, s);
+    SWIG_NewPointerObj(L, ctx, SWIGTYPE_p_cfx_context, 0);
+    return 1;
+}
+
+/* ---- collectives: (ctx, name|nil, array, ...) -> handle | nil, status, message ---- */
+
+static cfx_tensor cfxl_tensor(cfxl_array *a, int64_t *shape) {
+    cfx_tensor t;
+    shape[0] = a->n;
+    t.data = a->n ? cfxl_data(a) : NULL;
+    t.shape = shape;
+    t.ndim = 1;
+    t.dtype = a->dtype;
+    t.device = CFX_DEVICE_CPU;
+    t.stream = NULL;
+    return t;
+}
+
+static int cfxl_push_handle(lua_State *L, cfx_status s, cfx_handle h) {
+    if (s != CFX_OK) return cfxl_fail_last(L, s);
+    lua_pushinteger(L, (lua_Integer)h);
+    return 1;
+}
+
+static int cfxl_allreduce(lua_State *L) {
+    cfx_context *ctx = cfxl_ctx(L, 1);
+    const char *name = luaL_optstring(L, 2, NULL);
+    cfxl_array *a = cfxl_check_array(L, 3);
+    int op = (int)luaL_checkinteger(L, 4);
+    double pre = luaL_optnumber(L, 5, 1.0), post = luaL_optnumber(L, 6, 1.0);
+    int64_t shape[1];
+    cfx_tensor t = cfxl_tensor(a, shape);
+    cfx_handle h = 0;
+    cfx_status s = cfx_allreduce_async(ctx, name, &t, NULL, (cfx_reduce_op)op, pre, post, &h);
+    return cfxl_push_handle(L, s, h);
+}
+
+static int cfxl_allgather(lua_State *L) {
+    cfx_context *ctx = cfxl_ctx(L, 1);
+    const char *name = luaL_optstring(L, 2, NULL);
+    cfxl_array *a = cfxl_check_array(L, 3);
+    int64_t shape[1];
+    cfx_tensor t = cfxl_tensor(a, shape);
+    cfx_handle h = 0;
+    cfx_status s = cfx_allgather_async(ctx, name, &t, &h);
+    return cfxl_push_handle(L, s, h);
+}
+
+static int cfxl_broadcast(lua_State *L) {
+    cfx_context *ctx = cfxl_ctx(L, 1);
+    const char *name = luaL_optstring(L, 2, NULL);
+    cfxl_array *a = cfxl_check_array(L, 3);
+    int root = (int)luaL_checkinteger(L, 4);
+    int64_t shape[1];
+    cfx_tensor t = cfxl_tensor(a, shape);
+    cfx_handle h = 0;
+    cfx_status s = cfx_broadcast_async(ctx, name, &t, root, &h);
+    return cfxl_push_handle(L, s, h);
+}
+
+static int cfxl_alltoall(lua_State *L) {
+    cfx_context *ctx = cfxl_ctx(L, 1);
+    const char *name = luaL_optstring(L, 2, NULL);
+    cfxl_array *a = cfxl_check_array(L, 3);
+    int64_t shape[1], *splits = NULL;
+    size_t n = 0, i;
+    cfx_tensor t = cfxl_tensor(a, shape);
+    cfx_handle h = 0;
+    cfx_status s;
+    if (lua_istable(L, 4)) {
+        n = (size_t)luaL_len(L, 4);
+        splits = (int64_t *)lua_newuserdatauv(L, (n ? n : 1) * sizeof *splits, 0);  /* freed by the GC */
+        for (i = 0; i < n; i++) {
+            int ok = 0;
+            lua_geti(L, 4, (lua_Integer)(i + 1));
+            splits[i] = (int64_t)lua_tointegerx(L, -1, &ok);
+            lua_pop(L, 1);
+            if (!ok) return cfxl_fail(L, CFX_ERR_INVALID_ARGUMENT, "splits must be integers");
+        }
+    } else if (!lua_isnoneornil(L, 4)) {
+        return luaL_argerror(L, 4, "table of split sizes or nil expected");
+    }
+    s = cfx_alltoall_async(ctx, name, &t, splits, n, &h);
+    return cfxl_push_handle(L, s, h);
+}
+
+static int cfxl_reducescatter(lua_State *L) {
+    cfx_context *ctx = cfxl_ctx(L, 1);
+    const char *name = luaL_optstring(L, 2, NULL);
+    cfxl_array *a = cfxl_check_array(L, 3);
+    int op = (int)luaL_checkinteger(L, 4);
+    double pre = luaL_optnumber(L, 5, 1.0), post = luaL_optnumber(L, 6, 1.0);
+    int64_t shape[1];
+    cfx_tensor t = cfxl_tensor(a, shape);
+    cfx_handle h = 0;
+    cfx_status s = cfx_reducescatter_async(ctx, name, &t, (cfx_reduce_op)op, pre, post, &h);
+    return cfxl_push_handle(L, s, h);
+}
+
+static int cfxl_barrier(lua_State *L) {
+    cfx_handle h = 0;
+    cfx_status s = cfx_barrier_async(cfxl_ctx(L, 1), &h);
+    return cfxl_push_handle(L, s, h);
+}
+
+static int cfxl_join(lua_State *L) {
+    cfx_handle h = 0;
+    cfx_status s = cfx_join_async(cfxl_ctx(L, 1), &h);
+    return cfxl_push_handle(L, s, h);
+}
+
+/* ---- handles ---- */
+
+/* poll(ctx, h) -> done (boolean) | nil, status, message */
+static int cfxl_poll(lua_State *L) {
+    int done = 0;
+    cfx_status s = cfx_poll(cfxl_ctx(L, 1), cfxl_check_handle(L, 2), &done);
+    if (s != CFX_OK) return cfxl_fail_last(L, s);
+    lua_pushboolean(L, done);
+    return 1;
+}
+
+/* wait(ctx, h [, timeout_s]) -> status, message (the collective's; CFX_ERR_TIMEOUT if still pending) */
+static int cfxl_wait(lua_State *L) {
+    cfx_context *ctx = cfxl_ctx(L, 1);
+    cfx_handle h = cfxl_check_handle(L, 2);
+    double timeout = luaL_optnumber(L, 3, -1.0);
+    cfx_status s = cfx_wait(ctx, h, timeout);
+    const char *msg;
+    lua_pushinteger(L, (lua_Integer)s);
+    if (s == CFX_OK) msg = "";
+    else if (s == CFX_ERR_TIMEOUT || s == CFX_ERR_STALE_HANDLE) msg = cfx_last_error();
+    else {
+        msg = cfx_handle_message(ctx, h);
+        if (!msg || !msg[0]) msg = cfx_last_error();
+    }
+    lua_pushstring(L, msg && msg[0] ? msg : cfx_status_string(s));
+    return 2;
+}
+
+static int cfxl_release(lua_State *L) {
+    lua_pushinteger(L, (lua_Integer)cfx_handle_release(cfxl_ctx(L, 1), cfxl_check_handle(L, 2)));
+    return 1;
+}
+
+/* output(ctx, h, index) -> new array holding output `index` | nil, status, message */
+static int cfxl_output(lua_State *L) {
+    cfx_context *ctx = cfxl_ctx(L, 1);
+    cfx_handle h = cfxl_check_handle(L, 2);
+    size_t index = (size_t)luaL_optinteger(L, 3, 0);
+    cfx_tensor t;
+    int64_t n = 1;
+    int32_t i;
+    cfxl_array *a;
+    cfx_status s = cfx_handle_output(ctx, h, index, &t);
+    if (s != CFX_OK) return cfxl_fail_last(L, s);
+    for (i = 0; i < t.ndim; i++) n *= t.shape[i];
+    a = cfxl_new_array(L, t.dtype, n);
+    if (!a) return cfxl_fail(L, CFX_ERR_OUT_OF_MEMORY, "output too large");
+    if (n > 0) memcpy(cfxl_data(a), t.data, (size_t)(n * a->elem));
+    return 1;
+}
+
+/* splits(ctx, h, index) -> table of per-rank row counts | nil, status, message */
+static int cfxl_splits(lua_State *L) {
+    cfx_context *ctx = cfxl_ctx(L, 1);
+    cfx_handle h = cfxl_check_handle(L, 2);
+    size_t index = (size_t)luaL_optinteger(L, 3, 0);
+    const int64_t *sp = NULL;
+    int n = cfx_size(ctx), i;
+    cfx_status s = cfx_handle_splits(ctx, h, index, &sp);
+    if (s != CFX_OK) return cfxl_fail_last(L, s);
+    lua_createtable(L, n, 0);
+    for (i = 0; i < n; i++) {
+        lua_pushinteger(L, (lua_Integer)sp[i]);
+        lua_seti(L, -2, i + 1);
+    }
+    return 1;
+}
+
+static int cfxl_join_rank(lua_State *L) {
+    int r = -1;
+    cfx_status s = cfx_handle_join_rank(cfxl_ctx(L, 1), cfxl_check_handle(L, 2), &r);
+    if (s != CFX_OK) return cfxl_fail_last(L, s);
+    lua_pushinteger(L, r);
+    return 1;
+}
+
+/* Wall-clock seconds (C11 timespec_get), for timing loops in Lua (os.clock is CPU time). */
+static int cfxl_clock(lua_State *L) {
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    lua_pushnumber(L, (lua_Number)ts.tv_sec + (lua_Number)ts.tv_nsec * 1e-9);
+    return 1;
+}
+/* For bench/lang only: bench_c_allreduce(ctx, n) -> table of n times (us) of 1-element float32
+ * allreduces (enqueue + wait + release) issued from C, to interleave with Lua's own calls. */
+static int cfxl_bench_c_allreduce(lua_State *L) {
+    cfx_context *ctx = cfxl_ctx(L, 1);
+    lua_Integer n = luaL_checkinteger(L, 2), i;
+    float x = 1.0f;
+    int64_t shape[1] = {1};
+    cfx_tensor t;
+    t.data = &x;
+    t.shape = shape;
+    t.ndim = 1;
+    t.dtype = CFX_FLOAT32;
+    t.device = CFX_DEVICE_CPU;
+    t.stream = NULL;
+    lua_createtable(L, n > 0 && n < INT32_MAX ? (int)n : 0, 0);
+    for (i = 1; i <= n; i++) {
+        struct timespec a, b;
+        cfx_handle h = 0;
+        cfx_status s;
+        timespec_get(&a, TIME_UTC);
+        s = cfx_allreduce_async(ctx, "ovh", &t, NULL, CFX_OP_SUM, 1.0, 1.0, &h);
+        if (s == CFX_OK) s = cfx_wait(ctx, h, -1.0);
+        if (h) cfx_handle_release(ctx, h);
+        timespec_get(&b, TIME_UTC);
+        if (s != CFX_OK) return cfxl_fail_last(L, s);
+        lua_pushnumber(L, (lua_Number)(b.tv_sec - a.tv_sec) * 1e6 + (lua_Number)(b.tv_nsec - a.tv_nsec) * 1e-3);
+        lua_rawseti(L, -2, i);
+        x = 1.0f;
+    }
+    return 1;
+}
+%}
+
+%native(array_new) int cfxl_array_new(lua_State *L);
+%native(bench_c_allreduce) int cfxl_bench_c_allreduce(lua_State *L);
+%native(is_array) int cfxl_is_array(lua_State *L);
+%native(init) int cfxl_init(lua_State *L);
+%native(allreduce) int cfxl_allreduce(lua_State *L);
+%native(allgather) int cfxl_allgather(lua_State *L);
+%native(broadcast) int cfxl_broadcast(lua_State *L);
+%native(alltoall) int cfxl_alltoall(lua_State *L);
+%native(reducescatter) int cfxl_reducescatter(lua_State *L);
+%native(barrier) int cfxl_barrier(lua_State *L);
+%native(join) int cfxl_join(lua_State *L);
+%native(poll) int cfxl_poll(lua_State *L);
+%native(wait) int cfxl_wait(lua_State *L);
+%native(release) int cfxl_release(lua_State *L);
+%native(output) int cfxl_output(lua_State *L);
+%native(splits) int cfxl_splits(lua_State *L);
+%native(join_rank) int cfxl_join_rank(lua_State *L);
+%native(clock) int cfxl_clock(lua_State *L);
+
+/* The array metatable exists as soon as the module is loaded. */
+%init %{
+  cfxl_register_array(L);
+%}

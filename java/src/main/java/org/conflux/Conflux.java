@@ -1,0 +1,708 @@
+package org.conflux;
+
+import java.nio.Buffer;
+import java.nio.ByteBuffer;
+import java.util.ArrayList;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ConcurrentLinkedQueue;
+
+/**
+ * A Conflux context: this process's membership in a data-parallel job. Create it with
+ * {@link #init()} (collective across ranks: every rank calls it), use the collectives from any
+ * thread, and {@link #close()} it (collective too) when done:
+ *
+ * <pre>{@code
+ * try (Conflux cfx = Conflux.init()) {
+ *     float[] grad = ...;
+ *     cfx.allreduce("grad.w", grad, ReduceOp.AVERAGE);   // in place
+ * }
+ * }</pre>
+ *
+ * <p>Every collective comes in two forms: {@code allreduce(...)} waits and returns the result,
+ * {@code allreduceAsync(...)} returns a {@link Handle} at once. Data is a {@code float[]},
+ * {@code double[]}, {@code int[]} or {@code long[]} (copied to native memory and back), or a direct
+ * {@code java.nio} buffer in native byte order (zero-copy, from its position to its limit; a
+ * {@code ByteBuffer} states its {@link DType}). Heap buffers are rejected. Tensors are one-dimensional.
+ *
+ * <p>{@code name} identifies the tensor across ranks: ranks may submit named tensors in any order. A
+ * null name lets Conflux generate one, and then every rank must submit in the same order. A name
+ * may be reused once its previous collective completed.
+ *
+ * <p>Failures reported by the engine are {@link ConfluxException}s (see its subclasses) carrying the
+ * C message; bad local arguments are {@link IllegalArgumentException}s; a closed context throws
+ * {@link IllegalStateException}. {@link #init()} and {@link #close()} belong to one thread; every
+ * other method is thread-safe.
+ */
+public final class Conflux implements AutoCloseable {
+    /** Which transport {@link #init(Options)} joins the job over. */
+    public enum Transport {
+        /** MPI when built, else the single-process local transport. */
+        AUTO(cfx_transport_kind.CFX_TRANSPORT_AUTO),
+        /** Open MPI (MPI_COMM_WORLD). */
+        MPI(cfx_transport_kind.CFX_TRANSPORT_MPI),
+        /** One process, size 1, no MPI. */
+        LOCAL(cfx_transport_kind.CFX_TRANSPORT_LOCAL);
+
+        final int code;
+
+        Transport(int code) {
+            this.code = code;
+        }
+    }
+
+    /**
+     * Options for {@link #init(Options)}. Anything not set comes from the {@code CFX_*} environment
+     * variables or the defaults (docs/env-vars.md).
+     */
+    public static final class Options {
+        int transport = -1;
+        long fusionThresholdBytes = -1;
+        double cycleTimeMs = -1;
+        long cacheCapacity = -1;
+        int logLevel = -1;
+        int deterministic = -1;
+        double stallWarningSeconds = -1;
+        double stallTimeoutSeconds = -1;
+        long chunkBytes = -1;
+
+        public Options transport(Transport t) {
+            transport = t.code;
+            return this;
+        }
+
+        /** Fusion buffer size in bytes; 0 disables fusion. */
+        public Options fusionThresholdBytes(long v) {
+            fusionThresholdBytes = nonNegative(v);
+            return this;
+        }
+
+        /** Idle wake-up period of the background thread. */
+        public Options cycleTimeMs(double v) {
+            cycleTimeMs = nonNegative(v);
+            return this;
+        }
+
+        /** Response cache entries; 0 disables the cache. */
+        public Options cacheCapacity(long v) {
+            cacheCapacity = nonNegative(v);
+            return this;
+        }
+
+        /** 0 trace, 1 debug, 2 info, 3 warning, 4 error, 5 off. */
+        public Options logLevel(int v) {
+            logLevel = (int) nonNegative(v);
+            return this;
+        }
+
+        /** Bitwise reproducible reductions. */
+        public Options deterministic(boolean v) {
+            deterministic = v ? 1 : 0;
+            return this;
+        }
+
+        public Options stallWarningSeconds(double v) {
+            stallWarningSeconds = nonNegative(v);
+            return this;
+        }
+
+        /** After this long a tensor some ranks never submitted fails with a {@link StallException}; 0 = never. */
+        public Options stallTimeoutSeconds(double v) {
+            stallTimeoutSeconds = nonNegative(v);
+            return this;
+        }
+
+        /** Pipeline chunk of large reductions. */
+        public Options chunkBytes(long v) {
+            chunkBytes = nonNegative(v);
+            return this;
+        }
+
+        private static long nonNegative(long v) {
+            if (v < 0) {
+                throw new IllegalArgumentException("Conflux: option value must be >= 0, not " + v);
+            }
+            return v;
+        }
+
+        private static double nonNegative(double v) {
+            if (!(v >= 0)) {
+                throw new IllegalArgumentException("Conflux: option value must be >= 0, not " + v);
+            }
+            return v;
+        }
+    }
+
+    /** How long close() waits for each pending handle after shutdown (they complete at once). */
+    private static final double CLOSE_WAIT_SECONDS = 30.0;
+
+    private volatile long ctx;
+    private final int rank;
+    private final int size;
+    private final int localRank;
+    private final int localSize;
+    private final int crossRank;
+    private final int crossSize;
+    /** Handles not yet observed complete: they keep their data reachable. */
+    private final Set<Handle<?>> pending = ConcurrentHashMap.newKeySet();
+    /** Pending handles the user closed: released by the next sweep once complete. */
+    private final ConcurrentLinkedQueue<Handle<?>> detached = new ConcurrentLinkedQueue<>();
+
+    private Conflux(long ctx) {
+        this.ctx = ctx;
+        rank = ConfluxNative.cfx_rank(ctx);
+        size = ConfluxNative.cfx_size(ctx);
+        localRank = ConfluxNative.cfx_local_rank(ctx);
+        localSize = ConfluxNative.cfx_local_size(ctx);
+        crossRank = ConfluxNative.cfx_cross_rank(ctx);
+        crossSize = ConfluxNative.cfx_cross_size(ctx);
+    }
+
+    /** Joins the job with default options (collective across ranks). */
+    public static Conflux init() {
+        return init(new Options());
+    }
+
+    /** Joins the job (collective across ranks). */
+    public static Conflux init(Options o) {
+        long p = ConfluxNative.cfxj_init(o.transport, o.fusionThresholdBytes, o.cycleTimeMs, o.cacheCapacity,
+                o.logLevel, o.deterministic, o.stallWarningSeconds, o.stallTimeoutSeconds, o.chunkBytes);
+        if (p == 0) {
+            throw lastError();
+        }
+        return new Conflux(p);
+    }
+
+    /** The library version, "1.0.0". */
+    public static String version() {
+        return ConfluxNative.cfx_version_string();
+    }
+
+    /** The library version as MAJOR * 10000 + MINOR * 100 + PATCH. */
+    public static int versionNumber() {
+        return ConfluxNative.cfx_version();
+    }
+
+    /** What this build supports and this machine offers. */
+    public static Set<Feature> features() {
+        return Feature.fromBits(ConfluxNative.cfx_features());
+    }
+
+    public int rank() {
+        ptr();
+        return rank;
+    }
+
+    public int size() {
+        ptr();
+        return size;
+    }
+
+    /** Rank among the processes on this host. */
+    public int localRank() {
+        ptr();
+        return localRank;
+    }
+
+    public int localSize() {
+        ptr();
+        return localSize;
+    }
+
+    /** Rank among the hosts (one rank per host with the same local rank). */
+    public int crossRank() {
+        ptr();
+        return crossRank;
+    }
+
+    public int crossSize() {
+        ptr();
+        return crossSize;
+    }
+
+    /** True while the context accepts work (false after a local or remote shutdown, or close). */
+    public boolean isRunning() {
+        long p = ctx;
+        return p != 0 && ConfluxNative.cfx_is_running(p) != 0;
+    }
+
+    /** Completes once every rank reached it. */
+    public void barrier() {
+        barrierAsync().await();
+    }
+
+    public Handle<Void> barrierAsync() {
+        sweep();
+        long h = ConfluxNative.cfxj_barrier(ptr());
+        if (h == 0) {
+            throw lastError();
+        }
+        return track(new Handle<>(this, Handle.Kind.BARRIER, null, null, h));
+    }
+
+    /**
+     * Declares that this rank has no more data; until every rank joined it takes part in the other
+     * ranks' allreduces with the op's identity. Returns the rank that joined last.
+     */
+    public int join() {
+        return joinAsync().await();
+    }
+
+    public Handle<Integer> joinAsync() {
+        sweep();
+        long h = ConfluxNative.cfxj_join(ptr());
+        if (h == 0) {
+            throw lastError();
+        }
+        return track(new Handle<>(this, Handle.Kind.JOIN, null, null, h));
+    }
+
+    /** {@link #allreduce(String, float[], ReduceOp)} with scale factors: postscale * op(prescale * x). */
+    public <T> T allreduce(String name, T data, ReduceOp op, double prescale, double postscale) {
+        return this.<T>submit(Handle.Kind.ALLREDUCE, name, data, null, op, prescale, postscale, 0, null).await();
+    }
+
+    /** Asynchronous {@link #allreduce(String, Object, ReduceOp, double, double)}. */
+    public <T> Handle<T> allreduceAsync(String name, T data, ReduceOp op, double prescale, double postscale) {
+        return submit(Handle.Kind.ALLREDUCE, name, data, null, op, prescale, postscale, 0, null);
+    }
+
+    // ---- allreduce ---------------------------------------------------------------------------------
+
+    /** Reduces {@code data} across ranks in place and returns it. */
+    public float[] allreduce(String name, float[] data, ReduceOp op) {
+        return this.<float[]>submit(Handle.Kind.ALLREDUCE, name, data, null, op, 1.0, 1.0, 0, null).await();
+    }
+
+    /** Asynchronous {@link #allreduce(String, float[], ReduceOp)}. */
+    public Handle<float[]> allreduceAsync(String name, float[] data, ReduceOp op) {
+        return submit(Handle.Kind.ALLREDUCE, name, data, null, op, 1.0, 1.0, 0, null);
+    }
+
+    /** Reduces {@code data} across ranks in place and returns it. */
+    public double[] allreduce(String name, double[] data, ReduceOp op) {
+        return this.<double[]>submit(Handle.Kind.ALLREDUCE, name, data, null, op, 1.0, 1.0, 0, null).await();
+    }
+
+    /** Asynchronous {@link #allreduce(String, double[], ReduceOp)}. */
+    public Handle<double[]> allreduceAsync(String name, double[] data, ReduceOp op) {
+        return submit(Handle.Kind.ALLREDUCE, name, data, null, op, 1.0, 1.0, 0, null);
+    }
+
+    /** Reduces {@code data} across ranks in place and returns it. */
+    public int[] allreduce(String name, int[] data, ReduceOp op) {
+        return this.<int[]>submit(Handle.Kind.ALLREDUCE, name, data, null, op, 1.0, 1.0, 0, null).await();
+    }
+
+    /** Asynchronous {@link #allreduce(String, int[], ReduceOp)}. */
+    public Handle<int[]> allreduceAsync(String name, int[] data, ReduceOp op) {
+        return submit(Handle.Kind.ALLREDUCE, name, data, null, op, 1.0, 1.0, 0, null);
+    }
+
+    /** Reduces {@code data} across ranks in place and returns it. */
+    public long[] allreduce(String name, long[] data, ReduceOp op) {
+        return this.<long[]>submit(Handle.Kind.ALLREDUCE, name, data, null, op, 1.0, 1.0, 0, null).await();
+    }
+
+    /** Asynchronous {@link #allreduce(String, long[], ReduceOp)}. */
+    public Handle<long[]> allreduceAsync(String name, long[] data, ReduceOp op) {
+        return submit(Handle.Kind.ALLREDUCE, name, data, null, op, 1.0, 1.0, 0, null);
+    }
+
+    /** Reduces {@code data} across ranks in place and returns it. Zero-copy on a direct buffer (from its position to its limit; native byte order). */
+    public <B extends Buffer> B allreduce(String name, B data, ReduceOp op) {
+        return this.<B>submit(Handle.Kind.ALLREDUCE, name, data, null, op, 1.0, 1.0, 0, null).await();
+    }
+
+    /** Asynchronous {@link #allreduce(String, Buffer, ReduceOp)}. */
+    public <B extends Buffer> Handle<B> allreduceAsync(String name, B data, ReduceOp op) {
+        return submit(Handle.Kind.ALLREDUCE, name, data, null, op, 1.0, 1.0, 0, null);
+    }
+
+    /** Reduces {@code data} across ranks in place and returns it. {@code data} holds elements of {@code dtype}. */
+    public ByteBuffer allreduce(String name, ByteBuffer data, DType dtype, ReduceOp op) {
+        return this.<ByteBuffer>submit(Handle.Kind.ALLREDUCE, name, data, dtype, op, 1.0, 1.0, 0, null).await();
+    }
+
+    /** Asynchronous {@link #allreduce(String, ByteBuffer, DType, ReduceOp)}. */
+    public Handle<ByteBuffer> allreduceAsync(String name, ByteBuffer data, DType dtype, ReduceOp op) {
+        return submit(Handle.Kind.ALLREDUCE, name, data, dtype, op, 1.0, 1.0, 0, null);
+    }
+
+    // ---- broadcast ---------------------------------------------------------------------------------
+
+    /** Copies {@code rootRank}'s data into {@code data} on every rank, in place, and returns it. */
+    public float[] broadcast(String name, float[] data, int rootRank) {
+        return this.<float[]>submit(Handle.Kind.BROADCAST, name, data, null, null, 1.0, 1.0, rootRank, null).await();
+    }
+
+    /** Asynchronous {@link #broadcast(String, float[], int)}. */
+    public Handle<float[]> broadcastAsync(String name, float[] data, int rootRank) {
+        return submit(Handle.Kind.BROADCAST, name, data, null, null, 1.0, 1.0, rootRank, null);
+    }
+
+    /** Copies {@code rootRank}'s data into {@code data} on every rank, in place, and returns it. */
+    public double[] broadcast(String name, double[] data, int rootRank) {
+        return this.<double[]>submit(Handle.Kind.BROADCAST, name, data, null, null, 1.0, 1.0, rootRank, null).await();
+    }
+
+    /** Asynchronous {@link #broadcast(String, double[], int)}. */
+    public Handle<double[]> broadcastAsync(String name, double[] data, int rootRank) {
+        return submit(Handle.Kind.BROADCAST, name, data, null, null, 1.0, 1.0, rootRank, null);
+    }
+
+    /** Copies {@code rootRank}'s data into {@code data} on every rank, in place, and returns it. */
+    public int[] broadcast(String name, int[] data, int rootRank) {
+        return this.<int[]>submit(Handle.Kind.BROADCAST, name, data, null, null, 1.0, 1.0, rootRank, null).await();
+    }
+
+    /** Asynchronous {@link #broadcast(String, int[], int)}. */
+    public Handle<int[]> broadcastAsync(String name, int[] data, int rootRank) {
+        return submit(Handle.Kind.BROADCAST, name, data, null, null, 1.0, 1.0, rootRank, null);
+    }
+
+    /** Copies {@code rootRank}'s data into {@code data} on every rank, in place, and returns it. */
+    public long[] broadcast(String name, long[] data, int rootRank) {
+        return this.<long[]>submit(Handle.Kind.BROADCAST, name, data, null, null, 1.0, 1.0, rootRank, null).await();
+    }
+
+    /** Asynchronous {@link #broadcast(String, long[], int)}. */
+    public Handle<long[]> broadcastAsync(String name, long[] data, int rootRank) {
+        return submit(Handle.Kind.BROADCAST, name, data, null, null, 1.0, 1.0, rootRank, null);
+    }
+
+    /** Copies {@code rootRank}'s data into {@code data} on every rank, in place, and returns it. Zero-copy on a direct buffer (from its position to its limit; native byte order). */
+    public <B extends Buffer> B broadcast(String name, B data, int rootRank) {
+        return this.<B>submit(Handle.Kind.BROADCAST, name, data, null, null, 1.0, 1.0, rootRank, null).await();
+    }
+
+    /** Asynchronous {@link #broadcast(String, Buffer, int)}. */
+    public <B extends Buffer> Handle<B> broadcastAsync(String name, B data, int rootRank) {
+        return submit(Handle.Kind.BROADCAST, name, data, null, null, 1.0, 1.0, rootRank, null);
+    }
+
+    /** Copies {@code rootRank}'s data into {@code data} on every rank, in place, and returns it. {@code data} holds elements of {@code dtype}. */
+    public ByteBuffer broadcast(String name, ByteBuffer data, DType dtype, int rootRank) {
+        return this.<ByteBuffer>submit(Handle.Kind.BROADCAST, name, data, dtype, null, 1.0, 1.0, rootRank, null).await();
+    }
+
+    /** Asynchronous {@link #broadcast(String, ByteBuffer, DType, int)}. */
+    public Handle<ByteBuffer> broadcastAsync(String name, ByteBuffer data, DType dtype, int rootRank) {
+        return submit(Handle.Kind.BROADCAST, name, data, dtype, null, 1.0, 1.0, rootRank, null);
+    }
+
+    // ---- allgather ---------------------------------------------------------------------------------
+
+    /** Concatenates every rank's {@code data} (lengths may differ) in rank order into a new array or buffer. */
+    public float[] allgather(String name, float[] data) {
+        return this.<float[]>submit(Handle.Kind.ALLGATHER, name, data, null, null, 1.0, 1.0, 0, null).await();
+    }
+
+    /** Asynchronous {@link #allgather(String, float[])}. */
+    public Handle<float[]> allgatherAsync(String name, float[] data) {
+        return submit(Handle.Kind.ALLGATHER, name, data, null, null, 1.0, 1.0, 0, null);
+    }
+
+    /** Concatenates every rank's {@code data} (lengths may differ) in rank order into a new array or buffer. */
+    public double[] allgather(String name, double[] data) {
+        return this.<double[]>submit(Handle.Kind.ALLGATHER, name, data, null, null, 1.0, 1.0, 0, null).await();
+    }
+
+    /** Asynchronous {@link #allgather(String, double[])}. */
+    public Handle<double[]> allgatherAsync(String name, double[] data) {
+        return submit(Handle.Kind.ALLGATHER, name, data, null, null, 1.0, 1.0, 0, null);
+    }
+
+    /** Concatenates every rank's {@code data} (lengths may differ) in rank order into a new array or buffer. */
+    public int[] allgather(String name, int[] data) {
+        return this.<int[]>submit(Handle.Kind.ALLGATHER, name, data, null, null, 1.0, 1.0, 0, null).await();
+    }
+
+    /** Asynchronous {@link #allgather(String, int[])}. */
+    public Handle<int[]> allgatherAsync(String name, int[] data) {
+        return submit(Handle.Kind.ALLGATHER, name, data, null, null, 1.0, 1.0, 0, null);
+    }
+
+    /** Concatenates every rank's {@code data} (lengths may differ) in rank order into a new array or buffer. */
+    public long[] allgather(String name, long[] data) {
+        return this.<long[]>submit(Handle.Kind.ALLGATHER, name, data, null, null, 1.0, 1.0, 0, null).await();
+    }
+
+    /** Asynchronous {@link #allgather(String, long[])}. */
+    public Handle<long[]> allgatherAsync(String name, long[] data) {
+        return submit(Handle.Kind.ALLGATHER, name, data, null, null, 1.0, 1.0, 0, null);
+    }
+
+    /** Concatenates every rank's {@code data} (lengths may differ) in rank order into a new array or buffer. Zero-copy on a direct buffer (from its position to its limit; native byte order). */
+    public <B extends Buffer> B allgather(String name, B data) {
+        return this.<B>submit(Handle.Kind.ALLGATHER, name, data, null, null, 1.0, 1.0, 0, null).await();
+    }
+
+    /** Asynchronous {@link #allgather(String, Buffer)}. */
+    public <B extends Buffer> Handle<B> allgatherAsync(String name, B data) {
+        return submit(Handle.Kind.ALLGATHER, name, data, null, null, 1.0, 1.0, 0, null);
+    }
+
+    /** Concatenates every rank's {@code data} (lengths may differ) in rank order into a new array or buffer. {@code data} holds elements of {@code dtype}. */
+    public ByteBuffer allgather(String name, ByteBuffer data, DType dtype) {
+        return this.<ByteBuffer>submit(Handle.Kind.ALLGATHER, name, data, dtype, null, 1.0, 1.0, 0, null).await();
+    }
+
+    /** Asynchronous {@link #allgather(String, ByteBuffer, DType)}. */
+    public Handle<ByteBuffer> allgatherAsync(String name, ByteBuffer data, DType dtype) {
+        return submit(Handle.Kind.ALLGATHER, name, data, dtype, null, 1.0, 1.0, 0, null);
+    }
+
+    // ---- alltoall ----------------------------------------------------------------------------------
+
+    /** Sends {@code splits[j]} elements (in order) to rank j; null splits divides equally. Returns the received elements. */
+    public float[] alltoall(String name, float[] data, long[] splits) {
+        return this.<float[]>submit(Handle.Kind.ALLTOALL, name, data, null, null, 1.0, 1.0, 0, splits).await();
+    }
+
+    /** Asynchronous {@link #alltoall(String, float[], long[])}. */
+    public Handle<float[]> alltoallAsync(String name, float[] data, long[] splits) {
+        return submit(Handle.Kind.ALLTOALL, name, data, null, null, 1.0, 1.0, 0, splits);
+    }
+
+    /** Sends {@code splits[j]} elements (in order) to rank j; null splits divides equally. Returns the received elements. */
+    public double[] alltoall(String name, double[] data, long[] splits) {
+        return this.<double[]>submit(Handle.Kind.ALLTOALL, name, data, null, null, 1.0, 1.0, 0, splits).await();
+    }
+
+    /** Asynchronous {@link #alltoall(String, double[], long[])}. */
+    public Handle<double[]> alltoallAsync(String name, double[] data, long[] splits) {
+        return submit(Handle.Kind.ALLTOALL, name, data, null, null, 1.0, 1.0, 0, splits);
+    }
+
+    /** Sends {@code splits[j]} elements (in order) to rank j; null splits divides equally. Returns the received elements. */
+    public int[] alltoall(String name, int[] data, long[] splits) {
+        return this.<int[]>submit(Handle.Kind.ALLTOALL, name, data, null, null, 1.0, 1.0, 0, splits).await();
+    }
+
+    /** Asynchronous {@link #alltoall(String, int[], long[])}. */
+    public Handle<int[]> alltoallAsync(String name, int[] data, long[] splits) {
+        return submit(Handle.Kind.ALLTOALL, name, data, null, null, 1.0, 1.0, 0, splits);
+    }
+
+    /** Sends {@code splits[j]} elements (in order) to rank j; null splits divides equally. Returns the received elements. */
+    public long[] alltoall(String name, long[] data, long[] splits) {
+        return this.<long[]>submit(Handle.Kind.ALLTOALL, name, data, null, null, 1.0, 1.0, 0, splits).await();
+    }
+
+    /** Asynchronous {@link #alltoall(String, long[], long[])}. */
+    public Handle<long[]> alltoallAsync(String name, long[] data, long[] splits) {
+        return submit(Handle.Kind.ALLTOALL, name, data, null, null, 1.0, 1.0, 0, splits);
+    }
+
+    /** Sends {@code splits[j]} elements (in order) to rank j; null splits divides equally. Returns the received elements. Zero-copy on a direct buffer (from its position to its limit; native byte order). */
+    public <B extends Buffer> B alltoall(String name, B data, long[] splits) {
+        return this.<B>submit(Handle.Kind.ALLTOALL, name, data, null, null, 1.0, 1.0, 0, splits).await();
+    }
+
+    /** Asynchronous {@link #alltoall(String, Buffer, long[])}. */
+    public <B extends Buffer> Handle<B> alltoallAsync(String name, B data, long[] splits) {
+        return submit(Handle.Kind.ALLTOALL, name, data, null, null, 1.0, 1.0, 0, splits);
+    }
+
+    /** Sends {@code splits[j]} elements (in order) to rank j; null splits divides equally. Returns the received elements. {@code data} holds elements of {@code dtype}. */
+    public ByteBuffer alltoall(String name, ByteBuffer data, DType dtype, long[] splits) {
+        return this.<ByteBuffer>submit(Handle.Kind.ALLTOALL, name, data, dtype, null, 1.0, 1.0, 0, splits).await();
+    }
+
+    /** Asynchronous {@link #alltoall(String, ByteBuffer, DType, long[])}. */
+    public Handle<ByteBuffer> alltoallAsync(String name, ByteBuffer data, DType dtype, long[] splits) {
+        return submit(Handle.Kind.ALLTOALL, name, data, dtype, null, 1.0, 1.0, 0, splits);
+    }
+
+    // ---- reducescatter -----------------------------------------------------------------------------
+
+    /** Reduces {@code data} across ranks and returns this rank's block (the first n % size ranks get one more element). */
+    public float[] reducescatter(String name, float[] data, ReduceOp op) {
+        return this.<float[]>submit(Handle.Kind.REDUCESCATTER, name, data, null, op, 1.0, 1.0, 0, null).await();
+    }
+
+    /** Asynchronous {@link #reducescatter(String, float[], ReduceOp)}. */
+    public Handle<float[]> reducescatterAsync(String name, float[] data, ReduceOp op) {
+        return submit(Handle.Kind.REDUCESCATTER, name, data, null, op, 1.0, 1.0, 0, null);
+    }
+
+    /** Reduces {@code data} across ranks and returns this rank's block (the first n % size ranks get one more element). */
+    public double[] reducescatter(String name, double[] data, ReduceOp op) {
+        return this.<double[]>submit(Handle.Kind.REDUCESCATTER, name, data, null, op, 1.0, 1.0, 0, null).await();
+    }
+
+    /** Asynchronous {@link #reducescatter(String, double[], ReduceOp)}. */
+    public Handle<double[]> reducescatterAsync(String name, double[] data, ReduceOp op) {
+        return submit(Handle.Kind.REDUCESCATTER, name, data, null, op, 1.0, 1.0, 0, null);
+    }
+
+    /** Reduces {@code data} across ranks and returns this rank's block (the first n % size ranks get one more element). */
+    public int[] reducescatter(String name, int[] data, ReduceOp op) {
+        return this.<int[]>submit(Handle.Kind.REDUCESCATTER, name, data, null, op, 1.0, 1.0, 0, null).await();
+    }
+
+    /** Asynchronous {@link #reducescatter(String, int[], ReduceOp)}. */
+    public Handle<int[]> reducescatterAsync(String name, int[] data, ReduceOp op) {
+        return submit(Handle.Kind.REDUCESCATTER, name, data, null, op, 1.0, 1.0, 0, null);
+    }
+
+    /** Reduces {@code data} across ranks and returns this rank's block (the first n % size ranks get one more element). */
+    public long[] reducescatter(String name, long[] data, ReduceOp op) {
+        return this.<long[]>submit(Handle.Kind.REDUCESCATTER, name, data, null, op, 1.0, 1.0, 0, null).await();
+    }
+
+    /** Asynchronous {@link #reducescatter(String, long[], ReduceOp)}. */
+    public Handle<long[]> reducescatterAsync(String name, long[] data, ReduceOp op) {
+        return submit(Handle.Kind.REDUCESCATTER, name, data, null, op, 1.0, 1.0, 0, null);
+    }
+
+    /** Reduces {@code data} across ranks and returns this rank's block (the first n % size ranks get one more element). Zero-copy on a direct buffer (from its position to its limit; native byte order). */
+    public <B extends Buffer> B reducescatter(String name, B data, ReduceOp op) {
+        return this.<B>submit(Handle.Kind.REDUCESCATTER, name, data, null, op, 1.0, 1.0, 0, null).await();
+    }
+
+    /** Asynchronous {@link #reducescatter(String, Buffer, ReduceOp)}. */
+    public <B extends Buffer> Handle<B> reducescatterAsync(String name, B data, ReduceOp op) {
+        return submit(Handle.Kind.REDUCESCATTER, name, data, null, op, 1.0, 1.0, 0, null);
+    }
+
+    /** Reduces {@code data} across ranks and returns this rank's block (the first n % size ranks get one more element). {@code data} holds elements of {@code dtype}. */
+    public ByteBuffer reducescatter(String name, ByteBuffer data, DType dtype, ReduceOp op) {
+        return this.<ByteBuffer>submit(Handle.Kind.REDUCESCATTER, name, data, dtype, op, 1.0, 1.0, 0, null).await();
+    }
+
+    /** Asynchronous {@link #reducescatter(String, ByteBuffer, DType, ReduceOp)}. */
+    public Handle<ByteBuffer> reducescatterAsync(String name, ByteBuffer data, DType dtype, ReduceOp op) {
+        return submit(Handle.Kind.REDUCESCATTER, name, data, dtype, op, 1.0, 1.0, 0, null);
+    }
+
+    // ---- timeline --------------------------------------------------------------------------------
+
+    /**
+     * Starts writing this rank's timeline (Chrome trace-event JSON: every tensor's phases) to
+     * {@code path} with the rank inserted ("%r" in the path, else ".rank&lt;r&gt;" before the
+     * extension). {@code markCycles} adds a lane of the background thread's cycles. Not collective.
+     */
+    public void startTimeline(String path, boolean markCycles) {
+        if (path == null || path.isEmpty()) {
+            throw new IllegalArgumentException("Conflux: timeline path is empty");
+        }
+        check(ConfluxNative.cfx_timeline_start(ptr(), path, markCycles ? 1 : 0));
+    }
+
+    /** Stops the timeline and completes its file; a no-op when none runs. */
+    public void stopTimeline() {
+        check(ConfluxNative.cfx_timeline_stop(ptr()));
+    }
+
+    private static void check(int status) {
+        if (status != cfx_status.CFX_OK) {
+            throw ConfluxException.of(status, ConfluxNative.cfx_last_error());
+        }
+    }
+
+    // ---- lifetime --------------------------------------------------------------------------------
+
+    /**
+     * Stops the background thread after telling the other ranks; pending collectives fail with
+     * {@link ShutDownException}, and so do later ones. Queries keep working until {@link #close()}.
+     */
+    public void shutdown() {
+        check(ConfluxNative.cfx_shutdown(ptr()));
+    }
+
+    /** Shuts down if needed, completes every pending handle, and frees the context. Idempotent. */
+    @Override
+    public synchronized void close() {
+        long p = ctx;
+        if (p == 0) {
+            return;
+        }
+        ConfluxNative.cfx_shutdown(p);
+        for (Handle<?> h : new ArrayList<>(pending)) {
+            h.finishOnClose(CLOSE_WAIT_SECONDS);
+        }
+        detached.clear();
+        ctx = 0;
+        ConfluxNative.cfx_context_free(p);
+    }
+
+    @Override
+    public String toString() {
+        return ctx == 0 ? "Conflux[closed]" : "Conflux[rank " + rank + " of " + size + "]";
+    }
+
+    // ---- internals -------------------------------------------------------------------------------
+
+    long ptr() {
+        long p = ctx;
+        if (p == 0) {
+            throw new IllegalStateException("Conflux: the context is closed");
+        }
+        return p;
+    }
+
+    /** The exception for the calling thread's last failed cfxj_* call. */
+    static RuntimeException lastError() {
+        return ConfluxException.of(ConfluxNative.cfxj_last_status(), ConfluxNative.cfx_last_error());
+    }
+
+    private <T> Handle<T> track(Handle<T> h) {
+        pending.add(h);
+        return h;
+    }
+
+    void forget(Handle<?> h) {
+        pending.remove(h);
+    }
+
+    void detach(Handle<?> h) {
+        detached.add(h);
+    }
+
+    private void sweep() {
+        if (!detached.isEmpty()) {
+            detached.removeIf(Handle::reapIfDone);
+        }
+    }
+
+    private <T> Handle<T> submit(Handle.Kind kind, String name, Object data, DType byteType, ReduceOp op,
+                                 double prescale, double postscale, int root, long[] splits) {
+        long p = ptr();
+        boolean reduces = kind == Handle.Kind.ALLREDUCE || kind == Handle.Kind.REDUCESCATTER;
+        if (reduces && op == null) {
+            throw new IllegalArgumentException("Conflux: op is null");
+        }
+        Operand o = Operand.of(data, byteType, kind == Handle.Kind.ALLREDUCE || kind == Handle.Kind.BROADCAST);
+        sweep();
+        o.stage();
+        long h;
+        int dt = o.dtype.code;
+        switch (kind) {
+            case ALLREDUCE:
+                h = ConfluxNative.cfxj_allreduce(p, name, o.address, o.count, dt, op.code, prescale, postscale);
+                break;
+            case BROADCAST:
+                h = ConfluxNative.cfxj_broadcast(p, name, o.address, o.count, dt, root);
+                break;
+            case ALLGATHER:
+                h = ConfluxNative.cfxj_allgather(p, name, o.address, o.count, dt);
+                break;
+            case ALLTOALL:
+                h = ConfluxNative.cfxj_alltoall(p, name, o.address, o.count, dt, splits);
+                break;
+            case REDUCESCATTER:
+                h = ConfluxNative.cfxj_reducescatter(p, name, o.address, o.count, dt, op.code, prescale, postscale);
+                break;
+            default:
+                throw new AssertionError(kind);
+        }
+        if (h == 0) {
+            RuntimeException e = lastError();
+            o.free();
+            throw e;
+        }
+        return track(new Handle<>(this, kind, name, o, h));
+    }
+}

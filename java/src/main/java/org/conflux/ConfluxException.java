@@ -1,0 +1,54 @@
+package org.conflux;
+
+/**
+ * A failure reported by the Conflux engine, carrying its {@link Status} and the C message
+ * ({@code cfx_last_error()} or the handle's message), which names the tensor and the ranks involved.
+ * Subclasses cover the cases a trainer may want to handle: {@link MismatchException},
+ * {@link StallException}, {@link PeerLostException}, {@link ShutDownException},
+ * {@link DuplicateNameException}, {@link TransportException}, {@link JoinedException},
+ * {@link TimeoutException}. Bad local arguments are {@link IllegalArgumentException}s instead.
+ */
+public class ConfluxException extends RuntimeException {
+    private static final long serialVersionUID = 1L;
+    private final Status status;
+
+    public ConfluxException(Status status, String message) {
+        super(message == null || message.isEmpty() ? status.description() : message);
+        this.status = status;
+    }
+
+    /** The machine-readable kind of failure. */
+    public Status status() {
+        return status;
+    }
+
+    /** Maps a C status and message to the Java exception a caller sees. */
+    static RuntimeException of(int code, String message) {
+        Status s = Status.of(code);
+        switch (s) {
+            case INVALID_ARGUMENT:
+                return new IllegalArgumentException(message);
+            case NOT_INITIALIZED:
+            case STALE_HANDLE:
+                return new IllegalStateException(message);
+            case SHUT_DOWN:
+                return new ShutDownException(message);
+            case DUPLICATE_NAME:
+                return new DuplicateNameException(message);
+            case MISMATCH:
+                return new MismatchException(message);
+            case STALL:
+                return new StallException(message);
+            case PEER_LOST:
+                return new PeerLostException(message);
+            case TRANSPORT:
+                return new TransportException(message);
+            case JOINED:
+                return new JoinedException(message);
+            case TIMEOUT:
+                return new TimeoutException(message);
+            default:
+                return new ConfluxException(s, message + (s == Status.UNKNOWN ? " (status " + code + ")" : ""));
+        }
+    }
+}

@@ -1,0 +1,92 @@
+package org.conflux;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import org.junit.jupiter.api.MethodOrderer;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.TestMethodOrder;
+
+/** Shutdown, close, pending handles at close, re-init, stall deadline. Runs last (class-name order). */
+@TestMethodOrder(MethodOrderer.MethodName.class)
+class LifecycleTest {
+    @Test
+    void a01_shutdownThenCloseThenReinit() {
+        Conflux cfx = TestContext.get();
+        int size = cfx.size();
+        int rank = cfx.rank();
+        // a handle only rank 0 submits: shutdown completes it with SHUT_DOWN
+        Handle<float[]> orphan = rank == 0 ? cfx.allreduceAsync("orphan", new float[1], ReduceOp.SUM) : null;
+        cfx.shutdown();
+        assertFalse(cfx.isRunning());
+        assertEquals(rank, cfx.rank());  // queries still work
+        assertThrows(ShutDownException.class, () -> cfx.allreduce("late", new float[1], ReduceOp.SUM));
+        if (orphan != null) {
+            ShutDownException e = assertThrows(ShutDownException.class, orphan::await);
+            assertEquals(Status.SHUT_DOWN, e.status());
+        }
+        TestContext.closeShared();
+        assertFalse(cfx.isRunning());
+        assertThrows(IllegalStateException.class, cfx::rank);
+        assertThrows(IllegalStateException.class, () -> cfx.allreduce("closed", new float[1], ReduceOp.SUM));
+        cfx.close();  // idempotent
+
+        try (Conflux again = Conflux.init()) {
+            assertEquals(size, again.size());
+            float[] x = {1f};
+            again.allreduce("after.reinit", x, ReduceOp.SUM);
+            assertEquals(size, x[0]);
+        }
+    }
+
+    @Test
+    void a02_closeCompletesDetachedAndPendingHandles() {
+        try (Conflux cfx = Conflux.init()) {
+            int rank = cfx.rank();
+            Handle<float[]> kept = rank == 0 ? cfx.allreduceAsync("pending.at.close", new float[4], ReduceOp.SUM)
+                    : null;
+            // a detached handle whose collective does complete
+            Handle<float[]> h = cfx.allreduceAsync("detached", new float[] {1f}, ReduceOp.SUM);
+            h.close();
+            cfx.barrier();
+            cfx.close();
+            if (kept != null) {
+                assertTrue(kept.isDone());
+                assertThrows(ShutDownException.class, kept::await);
+            }
+        }
+    }
+
+    @Test
+    void a03_stallBecomesAnErrorOnTheRanksThatSubmitted() {
+        // a context of its own with a 4 s stall deadline. Rank 0 submits a tensor nobody else does;
+        // the others enter the barrier after that deadline: rank 0 is there by then (or soon after),
+        // so the barrier cannot stall, however loaded the machine.
+        try (Conflux cfx = Conflux.init(new Conflux.Options().stallWarningSeconds(2).stallTimeoutSeconds(4))) {
+            int rank = cfx.rank();
+            int size = cfx.size();
+            if (rank == 0) {
+                StallException e = assertThrows(StallException.class,
+                        () -> cfx.allreduce("stalled", new float[1], ReduceOp.SUM));
+                assertTrue(e.getMessage().contains("stalled"), e.getMessage());
+                assertEquals(Status.STALL, e.status());
+            } else {
+                sleep(5000);
+            }
+            cfx.barrier();
+            float[] x = {1f};
+            cfx.allreduce("after.stall", x, ReduceOp.SUM);
+            assertEquals(size, x[0]);
+        }
+    }
+
+    static void sleep(long ms) {
+        try {
+            Thread.sleep(ms);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+    }
+}

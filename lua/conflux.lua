@@ -1,0 +1,479 @@
+--- conflux: data-parallel collectives for Lua 5.4 over the Conflux C ABI.
+--
+--   local cfx = require "conflux"
+--   cfx.init()
+--   local g = cfx.array("float32", n)          -- typed array: zero-copy, 1-based, #g
+--   cfx.allreduce(g, { op = "average", name = "grad" })
+--   local t = cfx.allreduce({ 1, 2, 3 }, "sum") -- tables work too (copied in and out)
+--   cfx.shutdown()
+--
+-- Every collective has a blocking form (`allreduce`) and an async form (`allreduce_async`) that
+-- returns a handle with :poll(), :wait([timeout_s]), :result(), :splits(), :release().
+-- allreduce and broadcast work in place and return their data; allgather, alltoall and
+-- reducescatter return new data of the same kind (table in, table out; array in, array out).
+--
+-- Failures raise a conflux error: a table with `kind` ("mismatch", "stall", "shut_down", ...),
+-- `status` (the C code) and `message` (the C message, which names the tensor); tostring() gives
+-- "conflux: <kind>: <message>". cfx.is_error(e) tells it apart from other errors.
+--
+-- Thread model: the background thread never touches the Lua state; completion is observed by
+-- poll/wait on the Lua thread. See docs/lua.md.
+
+local core = require "conflux_core"
+
+local M = {}
+
+M._VERSION = core.cfx_version_string()
+
+-- ---- errors -------------------------------------------------------------------------------------
+
+local KIND = {
+  [1] = "invalid_argument", [2] = "not_initialized", [3] = "shut_down", [4] = "duplicate_name",
+  [5] = "mismatch", [6] = "unsupported", [7] = "out_of_memory", [8] = "transport", [9] = "timeout",
+  [10] = "in_progress", [11] = "stale_handle", [12] = "stall", [13] = "peer_lost", [14] = "config",
+  [15] = "version", [16] = "joined", [17] = "internal", [18] = "cuda", [19] = "nccl",
+}
+M.kinds = {}
+for code, kind in pairs(KIND) do M.kinds[kind] = code end
+
+local Error = {}
+Error.__index = Error
+Error.__name = "conflux.error"
+Error.__tostring = function(e) return "conflux: " .. e.kind .. ": " .. e.message end
+M.Error = Error
+
+local function new_error(status, message)
+  return setmetatable({ kind = KIND[status] or "unknown", status = status,
+                        message = message or core.cfx_status_string(status) }, Error)
+end
+
+local function raise(status, message, level)
+  error(new_error(status, message), (level or 1) + 1)
+end
+
+local function argerror(message, level)
+  raise(1, message, (level or 1) + 1)
+end
+
+--- True when `e` is an error raised by conflux.
+function M.is_error(e)
+  return getmetatable(e) == Error
+end
+
+-- ---- enums --------------------------------------------------------------------------------------
+
+local DTYPE = {}
+for code = 0, 10 do DTYPE[core.cfx_dtype_name(code)] = code end
+local function C(name) return math.tointeger(core[name]) end
+local OP = { sum = C "CFX_OP_SUM", average = C "CFX_OP_AVERAGE", min = C "CFX_OP_MIN",
+             max = C "CFX_OP_MAX", product = C "CFX_OP_PRODUCT" }
+local TRANSPORT = { auto = C "CFX_TRANSPORT_AUTO", mpi = C "CFX_TRANSPORT_MPI",
+                    ["local"] = C "CFX_TRANSPORT_LOCAL" }
+local ERR_TIMEOUT = C "CFX_ERR_TIMEOUT"
+M.dtypes = {}
+for name in pairs(DTYPE) do M.dtypes[#M.dtypes + 1] = name end
+table.sort(M.dtypes)
+
+local function dtype_code(name, level)
+  local c = DTYPE[name]
+  if not c then argerror("unknown dtype " .. tostring(name), level + 1) end
+  return c
+end
+
+local function op_code(name, level)
+  local c = OP[name or "sum"]
+  if not c then argerror("unknown reduction op " .. tostring(name), level + 1) end
+  return c
+end
+
+-- ---- typed arrays -------------------------------------------------------------------------------
+
+--- cfx.array(dtype, n) -> a zeroed typed array of n elements; cfx.array(dtype, table) -> a copy of
+-- the table's elements 1..#t. Elements are owned by the array; collectives use them in place.
+function M.array(dtype, n_or_table)
+  local a, st, msg = core.array_new(dtype_code(dtype, 2), n_or_table)
+  if not a then raise(st, msg, 2) end
+  return a
+end
+
+M.is_array = core.is_array
+
+-- ---- context ------------------------------------------------------------------------------------
+
+local ctx = nil        -- the SWIG context pointer while initialized
+local pending = {}     -- handle -> true: keeps data reachable until completion is observed
+local detached = {}    -- handles released while pending: reaped once complete
+local leaked = {}      -- handles the engine never completed at shutdown (see M.shutdown)
+
+local function context(level)
+  if not ctx then raise(2, "conflux is not initialized: call conflux.init() first", level + 1) end
+  return ctx
+end
+
+--- cfx.init([opts]) joins the job (collective across ranks). opts: transport ("auto", "mpi",
+-- "local"), fusion_threshold_bytes, cycle_time_ms, cache_capacity, log_level, deterministic
+-- (boolean), stall_warning_s, stall_timeout_s, chunk_bytes. Unset fields come from CFX_* variables.
+function M.init(opts)
+  if ctx then raise(1, "conflux is already initialized", 2) end
+  opts = opts or {}
+  local transport = nil
+  if opts.transport ~= nil then
+    transport = TRANSPORT[opts.transport]
+    if not transport then argerror("unknown transport " .. tostring(opts.transport), 2) end
+  end
+  local det = opts.deterministic
+  if det ~= nil then det = det and 1 or 0 end
+  local c, st, msg = core.init(transport, opts.fusion_threshold_bytes, opts.cycle_time_ms,
+                               opts.cache_capacity, opts.log_level, det, opts.stall_warning_s,
+                               opts.stall_timeout_s, opts.chunk_bytes)
+  if not c then raise(st, msg, 2) end
+  ctx = c
+  return M
+end
+
+-- SWIG hands C ints to Lua as floats; ranks and sizes are integers.
+local function int(x) return math.tointeger(x) or x end
+
+function M.is_initialized() return ctx ~= nil end
+function M.is_running() return ctx ~= nil and int(core.cfx_is_running(ctx)) == 1 end
+function M.rank() return int(core.cfx_rank(context(2))) end
+function M.size() return int(core.cfx_size(context(2))) end
+function M.local_rank() return int(core.cfx_local_rank(context(2))) end
+function M.local_size() return int(core.cfx_local_size(context(2))) end
+function M.cross_rank() return int(core.cfx_cross_rank(context(2))) end
+function M.cross_size() return int(core.cfx_cross_size(context(2))) end
+
+--- "1.0.0"
+function M.version() return core.cfx_version_string() end
+--- MAJOR * 10000 + MINOR * 100 + PATCH
+function M.version_number() return int(core.cfx_version()) end
+
+--- { mpi = true, cuda = false, nccl = false, cuda_device = false, ["local"] = true, bits = n }
+function M.features()
+  local bits = int(core.cfx_features())
+  return {
+    mpi = bits & core.CFX_FEATURE_MPI ~= 0, cuda = bits & core.CFX_FEATURE_CUDA ~= 0,
+    nccl = bits & core.CFX_FEATURE_NCCL ~= 0, cuda_device = bits & core.CFX_FEATURE_CUDA_DEVICE ~= 0,
+    ["local"] = bits & core.CFX_FEATURE_LOCAL ~= 0, bits = bits,
+  }
+end
+
+-- ---- handles ------------------------------------------------------------------------------------
+
+local Handle = {}
+Handle.__index = Handle
+Handle.__name = "conflux.handle"
+
+-- The outcome of a completed collective: result, splits (or nil, error object). Releases the C handle.
+local function collect(kind, c, id, status, message, array, tbl)
+  local result, splits, err = nil, nil, nil
+  if status ~= 0 then
+    err = new_error(status, message)
+  elseif kind == "allreduce" or kind == "broadcast" then
+    if tbl then array:totable(tbl) end
+    result = tbl or array
+  elseif kind == "allgather" or kind == "alltoall" or kind == "reducescatter" then
+    local out, st, msg = core.output(c, id, 0)
+    if not out then
+      err = new_error(st, msg)
+    else
+      result = tbl and out:totable() or out
+      if kind ~= "reducescatter" then
+        splits, st, msg = core.splits(c, id, 0)
+        if not splits then err = new_error(st, msg) end
+      end
+    end
+  elseif kind == "join" then
+    local st, msg
+    result, st, msg = core.join_rank(c, id)
+    if not result then err = new_error(st, msg) end
+  else
+    result = true
+  end
+  core.release(c, id)
+  if err then return nil, err end
+  return result, splits
+end
+
+local function finish(h, status, message)
+  local result, extra = collect(h.kind, h._ctx, h._id, status, message, h._array, h._table)
+  if result == nil then h._error = extra else h._result, h._splits = result, extra end
+  h._done = true
+  h._array, h._table = nil, nil
+  pending[h] = nil
+end
+
+local function outcome(h, level)
+  if h._error then
+    -- a fresh error object per raise, with the same fields
+    local e = h._error
+    error(setmetatable({ kind = e.kind, status = e.status, message = e.message }, Error), level + 1)
+  end
+  return h._result
+end
+
+--- True once the collective completed (successfully or not). Never blocks.
+function Handle:poll()
+  if self._done then return true end
+  local done, st, msg = core.poll(self._ctx, self._id)
+  if done == nil then
+    finish(self, st, msg)
+    return true
+  end
+  if done then
+    finish(self, core.wait(self._ctx, self._id, 0))
+    return true
+  end
+  return false
+end
+
+--- Waits (at most timeout_s seconds when given) and returns the result. On timeout returns
+-- nil, "timeout" and the handle stays pending. Raises the collective's error if it failed.
+function Handle:wait(timeout_s)
+  if not self._done then
+    if timeout_s ~= nil and (type(timeout_s) ~= "number" or timeout_s < 0) then
+      argerror("timeout must be a number >= 0", 2)
+    end
+    local st, msg = core.wait(self._ctx, self._id, timeout_s or -1)
+    if st == ERR_TIMEOUT then return nil, "timeout" end
+    finish(self, st, msg)
+  end
+  return outcome(self, 2)
+end
+
+--- The result (waiting without limit).
+function Handle:result()
+  if not self._done then self:wait() end
+  return outcome(self, 2)
+end
+
+--- Per-rank row counts of an allgather (rows each rank gave) or alltoall (rows received).
+function Handle:splits()
+  self:result()
+  return self._splits
+end
+
+--- Detaches a pending handle (the collective still runs; its data stays referenced until it
+-- completes). A no-op once complete. Also called by `local h <close> = ...`.
+function Handle:release()
+  if not self._done and not self._detached then
+    self._detached = true
+    detached[#detached + 1] = self
+  end
+end
+Handle.__close = Handle.release
+
+function Handle:__tostring()
+  return string.format("conflux.handle(%s%s, %s)", self.kind, self.name and (" '" .. self.name .. "'") or "",
+                       self._done and (self._error and "failed" or "done") or "pending")
+end
+
+local function sweep()
+  if #detached == 0 then return end
+  local keep = {}
+  for _, h in ipairs(detached) do
+    if not h:poll() then keep[#keep + 1] = h end
+  end
+  detached = keep
+end
+
+local function new_handle(kind, id, name, array, tbl)
+  local h = setmetatable({ kind = kind, name = name, _id = id, _ctx = ctx, _array = array,
+                           _table = tbl, _done = false }, Handle)
+  pending[h] = true
+  return h
+end
+
+-- ---- collectives --------------------------------------------------------------------------------
+
+-- opts may be a table, or a string: the op for reductions, the name otherwise.
+local function options(opts, string_is, level)
+  if opts == nil then return {} end
+  if type(opts) == "string" then return { [string_is] = opts } end
+  if type(opts) ~= "table" then argerror("options must be a table or a string", level + 1) end
+  return opts
+end
+
+-- The typed array to run on: `data` itself, or a copy of a table (then also returns the table).
+local function operand(data, opts, level)
+  if core.is_array(data) then
+    if opts.dtype ~= nil and opts.dtype ~= data:dtype() then
+      argerror("the array holds " .. data:dtype() .. ", not " .. tostring(opts.dtype), level + 1)
+    end
+    return data, nil
+  end
+  if type(data) ~= "table" then
+    argerror("data must be a conflux.array or a table of numbers, got " .. type(data), level + 1)
+  end
+  local a, st, msg = core.array_new(dtype_code(opts.dtype or "float64", level + 1), data)
+  if not a then raise(st, msg, level + 1) end
+  return a, data
+end
+
+local function check_name(opts, level)
+  if opts.name ~= nil and type(opts.name) ~= "string" then argerror("name must be a string", level + 1) end
+  return opts.name
+end
+
+-- Each collective has a `start` that checks arguments, submits, and returns
+-- (kind, id, name, array, table); the async form wraps that in a handle, the blocking form waits on
+-- the stack (the data stays referenced by the call itself, so no registration is needed).
+local start = {}
+
+function start.allreduce(level, data, opts)
+  local c = context(level + 1)
+  opts = options(opts, "op", level + 1)
+  local name = check_name(opts, level + 1)
+  local op = op_code(opts.op, level + 1)
+  local a, t = operand(data, opts, level + 1)
+  sweep()
+  local id, st, msg = core.allreduce(c, name, a, op, opts.prescale or 1.0, opts.postscale or 1.0)
+  if not id then raise(st, msg, level + 1) end
+  return id, name, a, t
+end
+
+function start.allgather(level, data, opts)
+  local c = context(level + 1)
+  opts = options(opts, "name", level + 1)
+  local name = check_name(opts, level + 1)
+  local a, t = operand(data, opts, level + 1)
+  sweep()
+  local id, st, msg = core.allgather(c, name, a)
+  if not id then raise(st, msg, level + 1) end
+  return id, name, a, t
+end
+
+function start.broadcast(level, data, root, opts)
+  local c = context(level + 1)
+  if math.type(root) ~= "integer" then argerror("root must be an integer rank", level + 1) end
+  opts = options(opts, "name", level + 1)
+  local name = check_name(opts, level + 1)
+  local a, t = operand(data, opts, level + 1)
+  sweep()
+  local id, st, msg = core.broadcast(c, name, a, root)
+  if not id then raise(st, msg, level + 1) end
+  return id, name, a, t
+end
+
+function start.alltoall(level, data, splits, opts)
+  local c = context(level + 1)
+  if splits ~= nil and type(splits) ~= "table" then argerror("splits must be a table or nil", level + 1) end
+  opts = options(opts, "name", level + 1)
+  local name = check_name(opts, level + 1)
+  local a, t = operand(data, opts, level + 1)
+  sweep()
+  local id, st, msg = core.alltoall(c, name, a, splits)
+  if not id then raise(st, msg, level + 1) end
+  return id, name, a, t
+end
+
+function start.reducescatter(level, data, opts)
+  local c = context(level + 1)
+  opts = options(opts, "op", level + 1)
+  local name = check_name(opts, level + 1)
+  local op = op_code(opts.op, level + 1)
+  local a, t = operand(data, opts, level + 1)
+  sweep()
+  local id, st, msg = core.reducescatter(c, name, a, op, opts.prescale or 1.0, opts.postscale or 1.0)
+  if not id then raise(st, msg, level + 1) end
+  return id, name, a, t
+end
+
+function start.barrier(level)
+  local c = context(level + 1)
+  sweep()
+  local id, st, msg = core.barrier(c)
+  if not id then raise(st, msg, level + 1) end
+  return id
+end
+
+function start.join(level)
+  local c = context(level + 1)
+  sweep()
+  local id, st, msg = core.join(c)
+  if not id then raise(st, msg, level + 1) end
+  return id
+end
+
+for _, kind in ipairs { "allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join" } do
+  local begin = start[kind]
+  M[kind .. "_async"] = function(...)
+    local id, name, a, t = begin(2, ...)
+    return new_handle(kind, id, name, a, t)
+  end
+  M[kind] = function(...)
+    local id, _, a, t = begin(2, ...)
+    local c = ctx
+    local st, msg = core.wait(c, id, -1)
+    local result, extra = collect(kind, c, id, st, msg, a, t)
+    if result == nil then
+      error(extra, 2)
+    end
+    return result
+  end
+end
+
+--- The blocking forms take the same arguments as the async ones and return the result:
+--   allreduce(data [, opts]) with opts { op = "sum"|"average"|"min"|"max"|"product", name = string,
+--     prescale = n, postscale = n, dtype = string (tables; default "float64") } or opts = an op name;
+--     in place: the result is `data`.
+--   allgather(data [, opts]) with opts { name =, dtype = } or a name: every rank's data concatenated
+--     in rank order (lengths may differ); h:splits() gives each rank's length.
+--   broadcast(data, root [, opts]): root's data into `data` on every rank, in place.
+--   alltoall(data [, splits [, opts]]): splits[j] elements (in order) go to rank j-1; nil splits
+--     divides equally. The result holds what every rank sent here; h:splits() their counts.
+--   reducescatter(data [, opts]) (opts as for allreduce): reduces, then returns this rank's block
+--     (the first #data % size ranks get one more element).
+--   barrier() -> true once every rank reached it; join() -> the rank that joined last.
+
+--- For bench/lang: n 1-element allreduces issued from C on this context, their times in us.
+function M._bench_c_allreduce(n)
+  local t, st, msg = core.bench_c_allreduce(context(2), n)
+  if not t then raise(st, msg, 2) end
+  return t
+end
+
+--- start_timeline(path [, mark_cycles]): writes this rank's timeline (Chrome trace-event JSON of
+-- every tensor's phases) to `path` with the rank inserted ("%r" in the path, else ".rank<r>" before
+-- the extension); mark_cycles adds the background thread's cycles. Not collective.
+function M.start_timeline(path, mark_cycles)
+  local c = context(2)
+  if type(path) ~= "string" or path == "" then argerror("timeline path must be a non-empty string", 2) end
+  local st = int(core.cfx_timeline_start(c, path, mark_cycles and 1 or 0))
+  if st ~= 0 then raise(st, core.cfx_last_error(), 2) end
+end
+
+--- stop_timeline(): stops the timeline and completes its file; a no-op when none runs.
+function M.stop_timeline()
+  local st = int(core.cfx_timeline_stop(context(2)))
+  if st ~= 0 then raise(st, core.cfx_last_error(), 2) end
+end
+
+--- Wall-clock seconds (for timing; os.clock() is CPU time).
+M.clock = core.clock
+
+-- ---- shutdown -----------------------------------------------------------------------------------
+
+--- cfx.shutdown() leaves the job (collective): pending handles fail with kind "shut_down", the
+-- context is freed, and cfx.init() may be called again. A no-op when not initialized.
+function M.shutdown()
+  if not ctx then return end
+  core.cfx_shutdown(ctx)
+  for h in pairs(pending) do
+    -- after shutdown every handle completes at once; should one not, fail it after a bounded wait
+    -- and keep (leak) its data rather than free memory a collective might still write
+    local st, msg = core.wait(ctx, h._id, 30)
+    if st == ERR_TIMEOUT then
+      h._error, h._done = new_error(3, tostring(h) .. " did not complete at shutdown"), true
+      pending[h] = nil
+      leaked[#leaked + 1] = h  -- keeps its array alive for good
+    else
+      finish(h, st, msg)
+    end
+  end
+  detached = {}
+  core.cfx_context_free(ctx)
+  ctx = nil
+end
+
+return M
