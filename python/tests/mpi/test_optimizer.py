@@ -121,7 +121,9 @@ def test_sum_op(rank, size):
     model(torch.full((1, IN), float(rank))).sum().backward()
     local = [p.grad.clone() for p in model.parameters()]
     opt.synchronize()
-    sums = [cfx.allreduce(g, op=cfx.Sum) for g in local]
+    # Named: generated names count calls per rank, and an earlier test that made a different number
+    # of unnamed calls on some rank would pair up different tensors here.
+    sums = [cfx.allreduce(g, op=cfx.Sum, name=f"test_sum_op.check.{i}") for i, g in enumerate(local)]
     for p, s in zip(model.parameters(), sums):
         assert torch.allclose(p.grad, s)
     with pytest.warns(UserWarning, match="skip_synchronize"):
