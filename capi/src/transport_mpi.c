@@ -254,16 +254,22 @@ static MPI_Op mpi_op(cfx_dtype dtype, cfx_reduce_op op)
     return MPI_OP_NULL;
 }
 
-static cfx_status mpi_allreduce(cx_transport *t, void *buf, size_t count, cfx_dtype dtype,
-                                cfx_reduce_op op)
+/* In-place allreduce on `comm` (the job's, or the cross-host one). */
+static cfx_status iallreduce(MPI_Comm comm, void *buf, size_t count, cfx_dtype dtype,
+                             cfx_reduce_op op, const char *what)
 {
-    cfx_status st = check_int(count, "allreduce element count");
+    cfx_status st = check_int(count, what);
     if (st)
         return st;
     MPI_Request req;
-    int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, mpi_type(dtype), mpi_op(dtype, op),
-                            comm_of(t), &req);
-    return rc == MPI_SUCCESS ? wait_request(&req, "MPI_Iallreduce") : mpi_error(rc, "MPI_Iallreduce");
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, mpi_type(dtype), mpi_op(dtype, op), comm, &req);
+    return rc == MPI_SUCCESS ? wait_request(&req, what) : mpi_error(rc, what);
+}
+
+static cfx_status mpi_allreduce(cx_transport *t, void *buf, size_t count, cfx_dtype dtype,
+                                cfx_reduce_op op)
+{
+    return iallreduce(comm_of(t), buf, count, dtype, op, "MPI_Iallreduce");
 }
 
 /* Converts per-rank byte counts to MPI's ints (NULL and an error beyond INT_MAX). */
@@ -365,14 +371,8 @@ static cfx_status mpi_barrier(cx_transport *t)
 static cfx_status mpi_cross_allreduce(cx_transport *t, void *buf, size_t count, cfx_dtype dtype,
                                       cfx_reduce_op op)
 {
-    cfx_status st = check_int(count, "cross-host allreduce element count");
-    if (st)
-        return st;
-    MPI_Request req;
-    int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, mpi_type(dtype), mpi_op(dtype, op),
-                            ((mpi_transport *)t)->cross, &req);
-    return rc == MPI_SUCCESS ? wait_request(&req, "MPI_Iallreduce (cross-host)")
-                             : mpi_error(rc, "MPI_Iallreduce (cross-host)");
+    return iallreduce(((mpi_transport *)t)->cross, buf, count, dtype, op,
+                      "MPI_Iallreduce (cross-host)");
 }
 
 static void mpi_destroy(cx_transport *t)
