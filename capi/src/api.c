@@ -296,6 +296,20 @@ typedef struct group_args {
     bool grouped;
 } group_args;
 
+/* Every local check of one tensor of a group_args call; `what` labels it in messages. */
+static cfx_status check_group_tensor(const group_args *a, const cfx_tensor *t, const char *what,
+                                     size_t *bytes)
+{
+    cfx_status st = check_tensor(a->fn, what, t, bytes);
+    if (!st && (a->coll == CX_ALLREDUCE || a->coll == CX_REDUCESCATTER))
+        st = check_reduction(a->fn, what, t, a->op, a->prescale, a->postscale);
+    if (!st && a->coll != CX_ALLREDUCE && t->ndim == 0)
+        st = cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: %s: a scalar (ndim 0) has no first "
+                     "dimension to %s along", a->fn, what,
+                     a->coll == CX_ALLGATHER ? "concatenate" : "scatter");
+    return st;
+}
+
 static cfx_status submit_group(cfx_context *ctx, const group_args *a, cfx_handle *out)
 {
     cfx_status st = check_context(a->fn, ctx, out);
@@ -320,29 +334,30 @@ static cfx_status submit_group(cfx_context *ctx, const group_args *a, cfx_handle
     size_t made = 0;
     for (size_t i = 0; i < a->count && !st; i++) {
         const cfx_tensor *t = &a->inputs[i];
-        char what[NAME_MAX_LEN + 64];
         char *name = NULL;
         if (a->grouped) {
-            snprintf(what, sizeof what, "tensor %zu of group '%s'", i, group);
             size_t len = strlen(group) + 24;
             if ((name = malloc(len)))
                 snprintf(name, len, "%s.%zu", group, i);
         } else {
             name = make_name(ctx, a->coll, a->prefix, a->name);
-            snprintf(what, sizeof what, "tensor '%s'", name ? name : "?");
         }
         if (!name) {
             st = cx_fail(CFX_ERR_OUT_OF_MEMORY, "%s: out of memory", a->fn);
             break;
         }
         size_t bytes = 0;
-        st = check_tensor(a->fn, what, t, &bytes);
-        if (!st && (a->coll == CX_ALLREDUCE || a->coll == CX_REDUCESCATTER))
-            st = check_reduction(a->fn, what, t, a->op, a->prescale, a->postscale);
-        if (!st && a->coll != CX_ALLREDUCE && t->ndim == 0)
-            st = cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: %s: a scalar (ndim 0) has no first "
-                         "dimension to %s along", a->fn, what,
-                         a->coll == CX_ALLGATHER ? "concatenate" : "scatter");
+        /* The tensor's label only appears in error messages: checking with an empty one first
+         * keeps the formatting off the enqueue path; a failure is checked again, labelled. */
+        st = check_group_tensor(a, t, "", &bytes);
+        if (st) {
+            char what[NAME_MAX_LEN + 64];
+            if (a->grouped)
+                snprintf(what, sizeof what, "tensor %zu of group '%s'", i, group);
+            else
+                snprintf(what, sizeof what, "tensor '%s'", name);
+            st = check_group_tensor(a, t, what, &bytes);
+        }
         if (st) {
             free(name);
             break;

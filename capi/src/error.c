@@ -15,8 +15,6 @@ cfx_status cx_fail(cfx_status status, const char *fmt, ...)
     return status;
 }
 
-void cx_clear_error(void) { tls_message[0] = '\0'; }
-
 const char *cx_error_message(void) { return tls_message; }
 
 const char *cfx_last_error(void) { return tls_message; }

@@ -406,10 +406,13 @@ static cfx_status cycle(cx_loop *L, bool *progress, bool *stop)
     double age_limit = ctx->cfg.stall_warning_s > 0 ? ctx->cfg.stall_warning_s / 2 : INFINITY;
     if (L->nhits && ctx->cfg.stall_timeout_s > 0 && ctx->cfg.stall_timeout_s / 2 < age_limit)
         age_limit = ctx->cfg.stall_timeout_s / 2;
-    if (L->nhits && isfinite(age_limit))
-        for (size_t b = 0; b < L->cache.nbits; b++)
-            if (L->hit_entry[b] && now - L->hit_since[b] > age_limit)
-                mark_invalid(L, b);
+    if (L->nhits && isfinite(age_limit)) /* visit only the pending hits, word by word */
+        for (size_t w = 0; w < words_for(L->cache.nbits); w++)
+            for (uint64_t m = L->hit_mask[w]; m; m &= m - 1) {
+                size_t b = w * 64 + (size_t)__builtin_ctzll(m);
+                if (now - L->hit_since[b] > age_limit)
+                    mark_invalid(L, b);
+            }
     if (L->is_coordinator && now - L->last_stall_check >= 0.1) {
         L->last_stall_check = now;
         st = cx_coordinator_check_stalls(&L->coord, now, ctx->cfg.stall_warning_s,
