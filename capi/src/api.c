@@ -155,8 +155,46 @@ static cfx_status check_name(const char *fn, const char *name)
     return CFX_OK;
 }
 
+/* A device tensor: in a CUDA build the ordinal must name a usable device, and every device tensor
+ * of this rank must use the same one (the context's engine stream and NCCL communicator live on
+ * one device; the first device tensor binds it). Without CUDA the build refuses device tensors. */
+static cfx_status check_device(cfx_context *ctx, const char *fn, const char *what,
+                               const cfx_tensor *t)
+{
+    if (t->device < 0)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: %s: device %d is neither CFX_DEVICE_CPU "
+                       "(-1) nor a CUDA ordinal", fn, what, t->device);
+#if defined(CFX_HAVE_CUDA) && CFX_HAVE_CUDA
+    int count = cx_cuda_device_count();
+    if (count <= 0) {
+        cx_cuda_probe(); /* the CUDA runtime's reason, for the message */
+        char why[CX_ERROR_MAX];
+        snprintf(why, sizeof why, "%s", cx_error_message());
+        return cx_fail(CFX_ERR_CUDA, "%s: %s: CUDA device %d requested on rank %d, but no CUDA "
+                       "device is usable on this machine (%s)", fn, what, t->device, ctx->rank,
+                       why[0] ? why : "cudaGetDeviceCount found none");
+    }
+    if (t->device >= count)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: %s: CUDA device %d does not exist on rank %d: "
+                       "it has %d CUDA device%s (ordinals 0..%d)", fn, what, t->device, ctx->rank,
+                       count, count == 1 ? "" : "s", count - 1);
+    int expected = 0;
+    if (!atomic_compare_exchange_strong(&ctx->cuda_device_bound, &expected, t->device + 1) &&
+        expected != t->device + 1)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: %s: CUDA device %d, but rank %d already "
+                       "submitted device tensors on CUDA device %d (one device per rank)", fn, what,
+                       t->device, ctx->rank, expected - 1);
+    return CFX_OK;
+#else
+    (void)ctx;
+    return cx_fail(CFX_ERR_UNSUPPORTED, "%s: %s: device tensors (CUDA device %d) need a build "
+                   "with CUDA (see docs/gpu.md)", fn, what, t->device);
+#endif
+}
+
 /* Checks a tensor description; *bytes gets its size. `what` names it in messages. */
-static cfx_status check_tensor(const char *fn, const char *what, const cfx_tensor *t, size_t *bytes)
+static cfx_status check_tensor(cfx_context *ctx, const char *fn, const char *what,
+                               const cfx_tensor *t, size_t *bytes)
 {
     if (!t)
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: %s: tensor is NULL", fn, what);
@@ -179,11 +217,9 @@ static cfx_status check_tensor(const char *fn, const char *what, const cfx_tenso
                            fn, what);
     }
     if (t->device != CFX_DEVICE_CPU) {
-        if (t->device < 0)
-            return cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: %s: device %d is neither CFX_DEVICE_CPU "
-                           "(-1) nor a CUDA ordinal", fn, what, t->device);
-        return cx_fail(CFX_ERR_UNSUPPORTED, "%s: %s: device tensors (CUDA device %d) need a build "
-                       "with CUDA (see docs/gpu.md)", fn, what, t->device);
+        cfx_status st = check_device(ctx, fn, what, t);
+        if (st)
+            return st;
     }
     if (n > 0 && !t->data)
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: %s: data is NULL for %zu bytes", fn, what, n);
@@ -245,6 +281,7 @@ static cx_entry *new_entry(int coll, char *name, const cfx_tensor *t, size_t byt
         if (t->ndim)
             memcpy(e->req.shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
         e->input = t->data;
+        e->stream = t->device == CFX_DEVICE_CPU ? NULL : t->stream; /* CPU: ignored (ABI) */
         e->bytes = bytes;
         e->output = output ? output : t->data;
     }
@@ -297,10 +334,10 @@ typedef struct group_args {
 } group_args;
 
 /* Every local check of one tensor of a group_args call; `what` labels it in messages. */
-static cfx_status check_group_tensor(const group_args *a, const cfx_tensor *t, const char *what,
-                                     size_t *bytes)
+static cfx_status check_group_tensor(cfx_context *ctx, const group_args *a, const cfx_tensor *t,
+                                     const char *what, size_t *bytes)
 {
-    cfx_status st = check_tensor(a->fn, what, t, bytes);
+    cfx_status st = check_tensor(ctx, a->fn, what, t, bytes);
     if (!st && (a->coll == CX_ALLREDUCE || a->coll == CX_REDUCESCATTER))
         st = check_reduction(a->fn, what, t, a->op, a->prescale, a->postscale);
     if (!st && a->coll != CX_ALLREDUCE && t->ndim == 0)
@@ -349,14 +386,14 @@ static cfx_status submit_group(cfx_context *ctx, const group_args *a, cfx_handle
         size_t bytes = 0;
         /* The tensor's label only appears in error messages: checking with an empty one first
          * keeps the formatting off the enqueue path; a failure is checked again, labelled. */
-        st = check_group_tensor(a, t, "", &bytes);
+        st = check_group_tensor(ctx, a, t, "", &bytes);
         if (st) {
             char what[NAME_MAX_LEN + 64];
             if (a->grouped)
                 snprintf(what, sizeof what, "tensor %zu of group '%s'", i, group);
             else
                 snprintf(what, sizeof what, "tensor '%s'", name);
-            st = check_group_tensor(a, t, what, &bytes);
+            st = check_group_tensor(ctx, a, t, what, &bytes);
         }
         if (st) {
             free(name);
@@ -459,7 +496,7 @@ cfx_status cfx_broadcast_async(cfx_context *ctx, const char *name, const cfx_ten
     char what[NAME_MAX_LEN + 16];
     snprintf(what, sizeof what, "tensor '%s'", tname);
     size_t bytes = 0;
-    st = check_tensor(fn, what, tensor, &bytes);
+    st = check_tensor(ctx, fn, what, tensor, &bytes);
     if (!st && (root_rank < 0 || root_rank >= ctx->size))
         st = cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: %s: root rank %d is outside 0..%d", fn, what,
                      root_rank, ctx->size - 1);
@@ -489,7 +526,7 @@ cfx_status cfx_alltoall_async(cfx_context *ctx, const char *name, const cfx_tens
     char what[NAME_MAX_LEN + 16];
     snprintf(what, sizeof what, "tensor '%s'", tname);
     size_t bytes = 0;
-    st = check_tensor(fn, what, input, &bytes);
+    st = check_tensor(ctx, fn, what, input, &bytes);
     if (!st && input->ndim == 0)
         st = cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: %s: a scalar (ndim 0) cannot be split", fn, what);
     int size = ctx->size;

@@ -31,7 +31,7 @@ void cx_cache_destroy(cx_cache *c)
 
 static bool same_params(const cx_response *r, const cx_request *q)
 {
-    if (r->coll != q->coll || r->dtype != q->dtype || r->device != q->device ||
+    if (r->coll != q->coll || r->dtype != q->dtype || !cx_same_device_kind(r->device, q->device) ||
         r->ndim != q->ndim || r->group_size != q->group_size)
         return false;
     if (r->coll == CX_ALLREDUCE || r->coll == CX_REDUCESCATTER) {

@@ -35,6 +35,9 @@ struct cfx_context {
     atomic_int running;            /* 1 while the background thread accepts work */
     atomic_int shutdown_requested; /* cfx_shutdown was called on this rank */
     atomic_ulong noname_counter[8]; /* per collective kind, for generated names */
+    /* 1 + the CUDA ordinal this rank's device tensors use (0: none submitted yet). The first
+     * device tensor binds it (api.c); one device per rank, as NCCL's communicator has. */
+    atomic_int cuda_device_bound;
     int rank, size, local_rank, local_size, cross_rank, cross_size;
     /* Observability (timeline.h). `timeline` belongs to the background thread while it runs (NULL
      * = off: the hooks check only that); cfx_timeline_start/stop hand a new one over in tl_next,

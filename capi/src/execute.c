@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device_exec.h"
 #include "dtype.h"
 #include "error.h"
 #include "fusion.h"
@@ -25,6 +26,8 @@ void cx_exec_init(cx_exec *x, cx_transport *t, const cx_config *cfg, cx_queue *q
 
 void cx_exec_destroy(cx_exec *x)
 {
+    cx_device_destroy(x->device); /* normally done already by the background thread (loop.c) */
+    x->device = NULL;
     free(x->fusion);
     free(x->scratch);
     x->fusion = x->scratch = NULL;
@@ -195,26 +198,18 @@ static void timeline_negotiated(cx_exec *x, const cx_response_list *responses)
     }
 }
 
-/* One or more fused allreduce responses. */
-static cfx_status run_allreduce(cx_exec *x, const cx_response *items, size_t n)
+cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_response *items, size_t n,
+                                  cx_entry *const *entries, double *tl)
 {
     const cx_response *first = &items[0];
     cfx_dtype dtype = (cfx_dtype)first->dtype;
     cfx_reduce_op op = (cfx_reduce_op)first->op;
     size_t esize = cfx_dtype_size(dtype);
-    cx_entry *stack_entries[16];
-    cx_entry **entries = n <= 16 ? stack_entries : malloc(n * sizeof *entries);
-    if (!entries)
-        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for %zu entries", n);
     size_t total = 0;
-    for (size_t i = 0; i < n; i++) {
-        entries[i] = cx_queue_take(x->queue, items[i].name);
+    for (size_t i = 0; i < n; i++)
         total += (size_t)cx_shape_elements(items[i].ndim, items[i].shape);
-    }
     double post = final_scale(x, first);
     cfx_status st = CFX_OK;
-    double tl[4] = {0};
-    TL_STAMP(tl, 0);
     if (use_shm(x)) {
         /* Straight from the tensors into shared memory and back: no fusion buffer. */
         cx_segment stack_segs[16];
@@ -263,6 +258,28 @@ static cfx_status run_allreduce(cx_exec *x, const cx_response *items, size_t n)
             off += count;
         }
     }
+    return st;
+}
+
+/* One or more fused allreduce responses. */
+static cfx_status run_allreduce(cx_exec *x, const cx_response *items, size_t n)
+{
+    const cx_response *first = &items[0];
+    size_t esize = cfx_dtype_size((cfx_dtype)first->dtype);
+    cx_entry *stack_entries[16];
+    cx_entry **entries = n <= 16 ? stack_entries : malloc(n * sizeof *entries);
+    if (!entries)
+        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for %zu entries", n);
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        entries[i] = cx_queue_take(x->queue, items[i].name);
+        total += (size_t)cx_shape_elements(items[i].ndim, items[i].shape);
+    }
+    double tl[4] = {0};
+    TL_STAMP(tl, 0);
+    /* Device tensors (the kind is agreed, so every rank takes the same branch): device_exec.h. */
+    cfx_status st = first->device != CFX_DEVICE_CPU ? cx_device_allreduce(x, items, n, entries, tl)
+                                                    : cx_exec_allreduce_host(x, items, n, entries, tl);
     TL_STAMP(tl, 3);
     if (CX_TL(x->timeline) && !st)
         timeline_allreduce(x, items, n, tl, total * esize);
@@ -510,8 +527,7 @@ static cfx_status run_allgather_fused(cx_exec *x, const cx_response *items, size
     return st;
 }
 
-/* A single non-allreduce response whose local entry is `e`. */
-static cfx_status run_single(cx_exec *x, const cx_response *r, cx_entry *e)
+cfx_status cx_exec_single_host(cx_exec *x, const cx_response *r, cx_entry *e)
 {
     cx_transport *t = x->transport;
     switch (r->coll) {
@@ -555,7 +571,7 @@ cfx_status cx_execute(cx_exec *x, const cx_response_list *responses)
             i += n;
             continue;
         }
-        if (r->coll == CX_ALLGATHER) {
+        if (r->coll == CX_ALLGATHER && r->device == CFX_DEVICE_CPU) { /* device: one at a time */
             size_t n = cx_fusion_batch(responses->items, responses->count, i,
                                        x->cfg->fusion_threshold, x->cfg->chunk_bytes);
             if (n > 1) {
@@ -575,7 +591,8 @@ cfx_status cx_execute(cx_exec *x, const cx_response_list *responses)
         }
         double tl[2] = {0};
         TL_STAMP(tl, 0);
-        cfx_status st = run_single(x, r, e);
+        cfx_status st = r->device != CFX_DEVICE_CPU ? cx_device_single(x, r, e)
+                                                    : cx_exec_single_host(x, r, e);
         TL_STAMP(tl, 1);
         if (CX_TL(x->timeline))
             cx_timeline_phase(x->timeline, r->name, CX_TL_COLLECTIVE, cx_timeline_coll_label(r->coll),

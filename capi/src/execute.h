@@ -36,6 +36,8 @@ typedef struct cx_exec {
     struct cx_shm *shm;   /* the shared-memory path (owned by the context), or NULL */
     bool hierarchical;    /* shm reduces within the host, MPI across hosts */
     struct cx_timeline *timeline; /* the context's, or NULL (timeline.h) */
+    struct cx_device *device; /* device tensors' state (device_exec.h): made by the first device
+                                 response, or NULL */
 } cx_exec;
 
 void cx_exec_init(cx_exec *x, cx_transport *t, const cx_config *cfg, cx_queue *q, cx_handles *h,
@@ -45,6 +47,20 @@ void cx_exec_destroy(cx_exec *x);
 /* Runs every response in order. A transport failure fails the affected tensors and is returned
  * (the context can no longer communicate); mismatches only fail their own tensors. */
 cfx_status cx_execute(cx_exec *x, const cx_response_list *responses);
+
+/* The host data path of n fused allreduce responses over `entries` (NULL: this rank contributes
+ * the op's identity, as a joined rank does): shared memory, chunked MPI or the deterministic
+ * ordered path, prescale and postscale (and 1/size) fused in. Neither takes nor completes the
+ * entries. run_allreduce calls it for host tensors; the host-staged device path (device_exec.c)
+ * calls it with entries whose input/output point into page-locked staging memory. tl[1] and tl[2]
+ * get the collective's start and end when the timeline is on. */
+cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_response *items, size_t n,
+                                  cx_entry *const *entries, double *tl);
+
+/* A single non-allreduce response (broadcast, allgather, alltoall, reducescatter, barrier, join)
+ * on the host data path, with this rank's entry `e` (not completed here). Outputs Conflux
+ * allocates are host memory. */
+cfx_status cx_exec_single_host(cx_exec *x, const cx_response *r, cx_entry *e);
 
 /* Completes an entry with a status and frees it. */
 void cx_exec_complete(cx_exec *x, cx_entry *e, cfx_status status, const char *message);

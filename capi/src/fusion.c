@@ -33,7 +33,7 @@ static int fusible(const cx_response *r, int64_t chunk_bytes)
 
 static int compatible(const cx_response *a, const cx_response *b)
 {
-    if (a->coll != b->coll || a->device != b->device)
+    if (a->coll != b->coll || !cx_same_device_kind(a->device, b->device))
         return 0;
     if (a->coll == CX_ALLGATHER) /* bytes are only moved: any dtypes share a batch */
         return 1;

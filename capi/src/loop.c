@@ -9,6 +9,7 @@
 
 #include "cache.h"
 #include "context.h"
+#include "device_exec.h"
 #include "dtype.h"
 #include "error.h"
 #include "execute.h"
@@ -526,6 +527,9 @@ void *cx_loop_main(void *arg)
         }
         idle_streak = progress ? 0 : idle_streak + 1;
     }
+    /* CUDA and NCCL state is made and ended by this thread alone (device_exec.h). */
+    cx_device_destroy(L->exec.device);
+    L->exec.device = NULL;
     atomic_store(&ctx->running, 0);
     return NULL;
 }

@@ -123,9 +123,10 @@ static bool check_against(cx_response *out, const cx_request *a, int ra, const c
                       cfx_dtype_name(a->dtype), rb, cfx_dtype_name(b->dtype));
         return false;
     }
-    if (a->device != b->device) {
+    /* The kind of memory, not the ordinal: each rank numbers its own GPUs. */
+    if (!cx_same_device_kind(a->device, b->device)) {
         fail_response(out, CFX_ERR_MISMATCH, "tensor '%s': mismatched device in %s: rank %d has "
-                      "the tensor on %s but rank %d on %s", name, cx_coll_name(a->coll), ra,
+                      "%s but rank %d has %s", name, cx_coll_name(a->coll), ra,
                       device_text(a->device, s1, sizeof s1), rb, device_text(b->device, s2, sizeof s2));
         return false;
     }

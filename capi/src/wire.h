@@ -87,6 +87,13 @@ cfx_status cx_encode_responses(const cx_response_list *l, cx_bytes *out);
 cfx_status cx_decode_requests(const void *data, size_t len, cx_request_list *out);
 cfx_status cx_decode_responses(const void *data, size_t len, cx_response_list *out);
 
+/* Whether two device fields name the same kind of memory (CPU, or CUDA). Ranks must agree on the
+ * kind; the CUDA ordinal itself is local to each rank (docs/gpu.md), so it is never compared. */
+static inline bool cx_same_device_kind(int32_t a, int32_t b)
+{
+    return (a == CFX_DEVICE_CPU) == (b == CFX_DEVICE_CPU);
+}
+
 /* Elements of a shape (product of extents; 1 for a scalar). */
 int64_t cx_shape_elements(int32_t ndim, const int64_t *shape);
 /* "[2, 3, 4]" into buf. */

@@ -73,7 +73,9 @@ def _check_tensor(t, what):
 
 
 def _describe(t):
-    """The ABI's view of a contiguous tensor: its own memory (zero copy)."""
+    """The ABI's view of a contiguous tensor: its own memory (zero copy). A CUDA tensor also
+    carries its device index and the current stream of that device (the producer's stream: Conflux
+    orders its reads after the work queued there, and that stream after Conflux's writes)."""
     if t.device.type == "cpu":
         return (t.data_ptr(), _TORCH_TO_CFX[t.dtype], tuple(t.shape))
     if t.device.type == "cuda":
@@ -95,11 +97,17 @@ def _input(t, what):
     return t if t.is_contiguous() else t.contiguous()
 
 
-def _allocator(device):
-    def allocate(code, shape):
-        out = torch.empty(tuple(shape), dtype=_CFX_TO_TORCH[code], device=device)
-        return out, out.data_ptr(), out.numel() * out.element_size()
-    return allocate
+def _allocate_host(code, shape):
+    out = torch.empty(tuple(shape), dtype=_CFX_TO_TORCH[code], device="cpu")
+    return out, out.data_ptr(), out.numel() * out.element_size()
+
+
+def _output(handle, index, device):
+    """Output `index` of a completed handle as a tensor on `device`. Conflux allocates the outputs
+    of allgather, alltoall and reducescatter in host memory, also for CUDA inputs (docs/gpu.md), and
+    copies them with plain memcpy: they land in a CPU tensor, which then moves to the device."""
+    out = handle.output(index, _allocate_host)
+    return out if device.type == "cpu" else out.to(device)
 
 
 def _scale(v, what):
@@ -208,7 +216,7 @@ def allgather_async(tensor, name=None):
     if t.dim() == 0:
         raise ValueError("allgather needs at least one dimension (got a scalar)")
     return _core.submit(_capi.cfx_allgather_async, (_core.check_name(name), _describe(t)), t,
-                        lambda h: h.output(0, _allocator(t.device)), "allgather", name)
+                        lambda h: _output(h, 0, t.device), "allgather", name)
 
 
 class _AllgatherFn(torch.autograd.Function):
@@ -239,7 +247,7 @@ def grouped_allgather_async(tensors, name=None):
     ins = [_input(t, "grouped_allgather") for t in tensors]
     return _core.submit(_capi.cfx_grouped_allgather_async,
                         (_core.check_name(name), [_describe(t) for t in ins]), ins,
-                        lambda h: [h.output(i, _allocator(t.device)) for i, t in enumerate(ins)],
+                        lambda h: [_output(h, i, t.device) for i, t in enumerate(ins)],
                         "grouped_allgather", name)
 
 
@@ -295,7 +303,7 @@ def alltoall_async(tensor, splits=None, name=None):
         raise ValueError("alltoall needs at least one dimension (got a scalar)")
 
     def finish(h):
-        return (h.output(0, _allocator(t.device)), torch.tensor(h.splits(0), dtype=torch.int32))
+        return (_output(h, 0, t.device), torch.tensor(h.splits(0), dtype=torch.int32))
 
     return _core.submit(_capi.cfx_alltoall_async,
                         (_core.check_name(name), _describe(t), _core.check_splits(splits)),
@@ -315,7 +323,7 @@ def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0, post
                         (_core.check_name(name), _describe(t), _core.check_op(op),
                          _scale(prescale_factor, "prescale_factor"),
                          _scale(postscale_factor, "postscale_factor")),
-                        t, lambda h: h.output(0, _allocator(t.device)), "reducescatter", name)
+                        t, lambda h: _output(h, 0, t.device), "reducescatter", name)
 
 
 def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
@@ -330,7 +338,7 @@ def grouped_reducescatter_async(tensors, op=Average, name=None, prescale_factor=
                         (_core.check_name(name), [_describe(t) for t in ins], _core.check_op(op),
                          _scale(prescale_factor, "prescale_factor"),
                          _scale(postscale_factor, "postscale_factor")),
-                        ins, lambda h: [h.output(i, _allocator(t.device)) for i, t in enumerate(ins)],
+                        ins, lambda h: [_output(h, i, t.device) for i, t in enumerate(ins)],
                         "grouped_reducescatter", name)
 
 

@@ -8,8 +8,8 @@
 #    on their own (tests/gpu/standalone);
 # 3. builds the engine (when present), the GPU tests and the benchmark;
 # 4. runs the kernel tests and the one-rank NCCL test, then the device-tensor ABI test on one
-#    process and under mpirun with 2 and 3 ranks sharing the GPU (the engine's host-staged path;
-#    the test skips itself until the engine accepts device tensors);
+#    process (the engine's one-rank NCCL path) and under mpirun with 2 and 3 ranks sharing the
+#    GPU (the engine's host-staged path), with CFX_LOG_LEVEL=info so the log names the path taken;
 # 5. benchmarks pack/unpack against cudaMemcpy device-to-device bandwidth.
 # Everything goes to $OUT/gpu-results.txt (./gpu-results.txt when OUT is unset). Sized for about
 # 3 minutes; each step has its own time limit. Exit status: 0 when every test passed or skipped
@@ -81,6 +81,7 @@ done
 echo "targets: ${TARGETS[*]}"
 timeout 420 cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}" 2>&1 | tail -15
 
+export CFX_LOG_LEVEL=info # the engine logs which device data path it set up (device_exec.c)
 step "kernel tests and the one-rank NCCL test"
 run_step 240 "ctest -L gpu (one process)" \
     ctest --test-dir "$BUILD" -L gpu -E 'np[0-9]' --output-on-failure -V --timeout 200
@@ -106,7 +107,7 @@ if [ "$GPU_PRESENT" = 1 ] && grep -q 'skipped: no CUDA device' "$STEPLOG" 2>/dev
     echo "!!!! a GPU is present but tests skipped for want of one (see above)"
     failures=$((failures + 1))
 fi
-grep -h 'skipped:\|passed\|FAILED\|GB/s' "$STEPLOG" 2>/dev/null | sed 's/^/  /' || true
+grep -h 'skipped:\|passed\|FAILED\|GB/s\|device tensors take' "$STEPLOG" 2>/dev/null | sed 's/^/  /' || true
 echo "mode: $MODE; failed steps: $failures; results: $RESULTS"
 [ "$failures" -eq 0 ]
 }

@@ -1,12 +1,14 @@
 /*
  * test_device_collectives - device tensors through the public ABI, end to end: the engine's
- * device path (NCCL, or host-staged through MPI) for grouped (fused) allreduce, average with
- * prescale/postscale, broadcast and allgather, with the producer's stream passed in the tensor and
- * the result read back on that same stream. Results are checked against sums of what every rank
- * contributed, computed here. Runs as one process (local transport) or under mpirun; ranks that
- * share one GPU are expected to take the host-staged path.
- * Skips (exit 77, with a reason) when no device is usable, or when this build of the engine does
- * not accept device tensors yet (CFX_ERR_UNSUPPORTED).
+ * device path (device_exec.c: NCCL with one rank per GPU, else host-staged through MPI) for
+ * grouped (fused) allreduce, average with prescale/postscale, a lone large tensor, int16 (which
+ * NCCL cannot reduce: host-staged batch), broadcast and allgather (host-staged, host output); the
+ * producer's stream ordering (kernels write the gradient on the caller's stream right before the
+ * call, with no host wait); a tensor submitted on the CPU by rank 0 and on the GPU by the others
+ * (CFX_ERR_MISMATCH on every rank). Results are checked against sums of what every rank
+ * contributed, computed here. Runs as one process (local transport: the one-rank NCCL path) or
+ * under mpirun (ranks that share one GPU take the host-staged path).
+ * Skips (exit 77, with a reason) when no device is usable or CUDA is not built.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -21,6 +23,126 @@
 static const char *const TEST = "test_device_collectives";
 
 static float value(int rank, size_t i) { return (float)(rank + 1) + (float)(i % 7); }
+
+/* Kernels write the gradient on `stream` right before the call, and the host never waits: the
+ * engine must order its reads after them (producer-stream event). 40 scale kernels by 2 and 0.5
+ * over 16 Mi floats leave the values unchanged (exact in float32) but take long enough that an
+ * engine reading early sees half-scaled values; a last kernel multiplies by 3. */
+static void test_producer_stream(cfx_context *ctx, void *stream, int device)
+{
+    int rank = cfx_rank(ctx), size = cfx_size(ctx);
+    const size_t n = (size_t)16 << 20;
+    float *h = malloc(n * sizeof *h), *d = NULL;
+    for (size_t i = 0; i < n; i++)
+        h[i] = value(rank, i);
+    REQUIRE_OK(cx_cuda_malloc(n * sizeof *h, (void **)&d));
+    REQUIRE_OK(cx_cuda_memcpy_async(d, h, n * sizeof *h, stream));
+    REQUIRE_OK(cx_cuda_stream_sync(stream));
+    for (int k = 0; k < 40; k++)
+        REQUIRE_OK(cx_cuda_scale(d, d, n, CFX_FLOAT32, k % 2 ? 0.5 : 2.0, stream));
+    REQUIRE_OK(cx_cuda_scale(d, d, n, CFX_FLOAT32, 3.0, stream));
+    int64_t shape = (int64_t)n;
+    cfx_tensor t = {d, &shape, 1, CFX_FLOAT32, device, stream};
+    cfx_handle hd = 0;
+    CHECK_OK(cfx_allreduce_async(ctx, "dev.ordered", &t, NULL, CFX_OP_SUM, 1.0, 1.0, &hd));
+    CHECK_OK(cfx_wait(ctx, hd, 120.0));
+    cfx_handle_release(ctx, hd);
+    REQUIRE_OK(cx_cuda_memcpy_async(h, d, n * sizeof *h, stream));
+    REQUIRE_OK(cx_cuda_stream_sync(stream));
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        float want = 0;
+        for (int r = 0; r < size; r++)
+            want += 3.0f * value(r, i);
+        bad += h[i] != want;
+    }
+    CHECK(bad == 0, "producer-stream ordering: %zu of %zu elements wrong (read before the "
+          "producer's kernels finished?)", bad, n);
+    cx_cuda_free(d);
+    free(h);
+}
+
+/* A lone tensor (reduced in place on the NCCL path, prescale 0.5 then postscale 4) and an int16
+ * batch (NCCL has no int16 reduction: the host-staged path, even when NCCL is up). */
+static void test_lone_tensor_and_int16(cfx_context *ctx, void *stream, int device)
+{
+    int rank = cfx_rank(ctx), size = cfx_size(ctx);
+    const size_t n = 3 * 1024 * 1024 + 5;
+    float *h = malloc(n * sizeof *h), *d = NULL;
+    for (size_t i = 0; i < n; i++)
+        h[i] = value(rank, i);
+    REQUIRE_OK(cx_cuda_malloc(n * sizeof *h, (void **)&d));
+    REQUIRE_OK(cx_cuda_memcpy_async(d, h, n * sizeof *h, stream));
+    int64_t shape = (int64_t)n;
+    cfx_tensor t = {d, &shape, 1, CFX_FLOAT32, device, stream};
+    cfx_handle hd = 0;
+    CHECK_OK(cfx_allreduce_async(ctx, "dev.lone", &t, NULL, CFX_OP_SUM, 0.5, 4.0, &hd));
+    CHECK_OK(cfx_wait(ctx, hd, 120.0));
+    cfx_handle_release(ctx, hd);
+    REQUIRE_OK(cx_cuda_memcpy_async(h, d, n * sizeof *h, stream));
+    REQUIRE_OK(cx_cuda_stream_sync(stream));
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        float want = 0;
+        for (int r = 0; r < size; r++)
+            want += 0.5f * value(r, i);
+        bad += h[i] != 4.0f * want;
+    }
+    CHECK(bad == 0, "lone tensor with prescale 0.5, postscale 4: %zu wrong elements", bad);
+
+    enum { NI = 1000 };
+    int16_t hi[NI], *di = NULL;
+    for (int i = 0; i < NI; i++)
+        hi[i] = (int16_t)(rank * 100 + i % 50 - 25);
+    REQUIRE_OK(cx_cuda_malloc(sizeof hi, (void **)&di));
+    REQUIRE_OK(cx_cuda_memcpy_async(di, hi, sizeof hi, stream));
+    int64_t ishape = NI;
+    cfx_tensor ti = {di, &ishape, 1, CFX_INT16, device, stream};
+    CHECK_OK(cfx_allreduce_async(ctx, "dev.int16", &ti, NULL, CFX_OP_SUM, 1.0, 1.0, &hd));
+    CHECK_OK(cfx_wait(ctx, hd, 120.0));
+    cfx_handle_release(ctx, hd);
+    REQUIRE_OK(cx_cuda_memcpy_async(hi, di, sizeof hi, stream));
+    REQUIRE_OK(cx_cuda_stream_sync(stream));
+    bad = 0;
+    for (int i = 0; i < NI; i++) {
+        int want = 0;
+        for (int r = 0; r < size; r++)
+            want += r * 100 + i % 50 - 25;
+        bad += hi[i] != (int16_t)want;
+    }
+    CHECK(bad == 0, "int16 (host-staged) sum: %zu wrong elements", bad);
+    cx_cuda_free(di);
+    cx_cuda_free(d);
+    free(h);
+}
+
+/* Rank 0 submits the tensor from host memory, the others from the GPU: every rank gets
+ * CFX_ERR_MISMATCH naming the device kinds (needs 2 ranks or more). */
+static void test_mixed_kinds(cfx_context *ctx, void *stream, int device)
+{
+    int rank = cfx_rank(ctx), size = cfx_size(ctx);
+    if (size < 2) {
+        printf("%s: mixed CPU/GPU submission needs 2 ranks or more: not checked at size 1\n", TEST);
+        return;
+    }
+    float h[16] = {0}, *d = NULL;
+    REQUIRE_OK(cx_cuda_malloc(sizeof h, (void **)&d));
+    REQUIRE_OK(cx_cuda_memcpy_async(d, h, sizeof h, stream));
+    int64_t shape = 16;
+    cfx_tensor t = rank == 0 ? (cfx_tensor){h, &shape, 1, CFX_FLOAT32, CFX_DEVICE_CPU, NULL}
+                             : (cfx_tensor){d, &shape, 1, CFX_FLOAT32, device, stream};
+    cfx_handle hd = 0;
+    CHECK_OK(cfx_allreduce_async(ctx, "dev.mixed", &t, NULL, CFX_OP_SUM, 1.0, 1.0, &hd));
+    cfx_status st = cfx_wait(ctx, hd, 120.0);
+    const char *m = cfx_handle_message(ctx, hd);
+    CHECK(st == CFX_ERR_MISMATCH, "mixed CPU/GPU submission on rank %d: %s (%s), want "
+          "CFX_ERR_MISMATCH", rank, cfx_status_string(st), m ? m : "");
+    CHECK(m && strstr(m, "mismatched device") && strstr(m, "CPU") && strstr(m, "CUDA device"),
+          "mixed CPU/GPU message on rank %d: %s", rank, m ? m : "(none)");
+    cfx_handle_release(ctx, hd);
+    REQUIRE_OK(cx_cuda_stream_sync(stream));
+    cx_cuda_free(d);
+}
 
 int main(void)
 {
@@ -58,13 +180,7 @@ int main(void)
     /* No host wait: Conflux must order itself after the copies on `stream`. */
     cfx_handle h = 0;
     cfx_status st = cfx_grouped_allreduce_async(ctx, "dev.sum", NT, t, NULL, CFX_OP_SUM, 1.0, 1.0, &h);
-    if (st == CFX_ERR_UNSUPPORTED) {
-        printf("%s: skipped: device tensors are not supported by this engine yet (%s)\n", TEST,
-               cfx_last_error());
-        cfx_context_free(ctx);
-        return GPU_TEST_SKIP;
-    }
-    CHECK(st == CFX_OK, "grouped allreduce: %s", cfx_last_error());
+    REQUIRE_OK(st); /* a CUDA build with a device accepts device tensors */
     CHECK_OK(cfx_wait(ctx, h, 120.0));
     cfx_handle_release(ctx, h);
     for (int k = 0; k < NT; k++) {
@@ -128,6 +244,8 @@ int main(void)
     for (int r = 0; r < size; r++)
         total += (size_t)(r + 1 < (int)counts[0] ? r + 1 : (int)counts[0]);
     CHECK(out.ndim == 1 && out.shape && out.shape[0] == (int64_t)total, "allgather shape");
+    CHECK(out.device == CFX_DEVICE_CPU, "allgather of a device tensor: output device %d (host "
+          "memory expected, docs/gpu.md)", out.device);
     if (out.ndim == 1 && out.shape && out.shape[0] == (int64_t)total && out.data) {
         float *go = malloc(total * sizeof(float));
         REQUIRE_OK(cx_cuda_memcpy_async(go, out.data, total * sizeof(float), stream));
@@ -143,6 +261,9 @@ int main(void)
     cfx_handle_release(ctx, h);
 
     free(o);
+    test_producer_stream(ctx, stream, t[0].device);
+    test_lone_tensor_and_int16(ctx, stream, t[0].device);
+    test_mixed_kinds(ctx, stream, t[0].device);
     for (int k = 0; k < NT; k++) {
         cx_cuda_free(dev[k]);
         free(host[k]);

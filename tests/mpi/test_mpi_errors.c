@@ -94,9 +94,13 @@ static void test_local_argument_errors(void **state)
     t = good;
     t.device = -7;
     CHECK_FAILS(cfx_allreduce_async(ctx, "bad", &t, NULL, CFX_OP_SUM, 1, 1, &h), CFX_ERR_INVALID_ARGUMENT, fn);
-    t.device = 0; /* a CUDA ordinal: a CPU-only build refuses it as unsupported */
+    t.device = 0; /* a CUDA ordinal: a CPU-only build refuses it as unsupported; a CUDA build
+                     on a machine without a usable device says so (CFX_ERR_CUDA) */
     if (!(cfx_features() & CFX_FEATURE_CUDA))
         CHECK_FAILS(cfx_allreduce_async(ctx, "bad", &t, NULL, CFX_OP_SUM, 1, 1, &h), CFX_ERR_UNSUPPORTED, fn);
+    else if (!(cfx_features() & CFX_FEATURE_CUDA_DEVICE))
+        CHECK_FAILS(cfx_allreduce_async(ctx, "bad", &t, NULL, CFX_OP_SUM, 1, 1, &h), CFX_ERR_CUDA,
+                    "no CUDA device is usable");
 
     /* Ops, scale factors, names. */
     CHECK_FAILS(cfx_allreduce_async(ctx, "bad", &good, NULL, (cfx_reduce_op)CFX_OP_COUNT, 1, 1, &h),

@@ -150,6 +150,63 @@ static void mismatch_messages(void **state)
     }
 }
 
+/* Ranks must agree on the kind of memory (CPU or CUDA); the CUDA ordinal is rank-local, so two
+ * ranks on different GPU ordinals agree, and the cache and fusion treat them alike. */
+static void device_kind_not_ordinal(void **state)
+{
+    (void)state;
+    cx_coordinator c;
+    assert_int_equal(cx_coordinator_init(&c, 2), CFX_OK);
+    job j;
+    job_init(&j, 2);
+    cx_request cpu = req("x", CX_ALLREDUCE, CFX_FLOAT32, 4), gpu = cpu, gpu1 = cpu;
+    gpu.device = 0;
+    gpu1.device = 1;
+    job_add(&j, 0, cpu);
+    job_add(&j, 1, gpu);
+    cx_response_list out = {0};
+    assert_int_equal(cx_coordinator_process(&c, j.lists, 0.0, &out), CFX_OK);
+    assert_int_equal(out.count, 1);
+    assert_int_equal(out.items[0].status, CFX_ERR_MISMATCH);
+    assert_string_equal(out.items[0].message, "tensor 'x': mismatched device in allreduce: rank 0 "
+                        "has CPU but rank 1 has CUDA device 0");
+    cx_response_list_free(&out);
+
+    /* CUDA device 0 on rank 0, CUDA device 1 on rank 1: the same kind, no mismatch. */
+    job_clear(&j);
+    cx_request y0 = gpu, y1 = gpu1;
+    y0.name = y1.name = (char *)"y";
+    job_add(&j, 0, y0);
+    job_add(&j, 1, y1);
+    assert_int_equal(cx_coordinator_process(&c, j.lists, 0.0, &out), CFX_OK);
+    assert_int_equal(out.count, 1);
+    assert_int_equal(out.items[0].status, CFX_OK);
+    assert_true(out.items[0].device != CFX_DEVICE_CPU);
+
+    /* The cached response (rank 0's ordinal) is a hit for rank 1's request on another ordinal,
+     * and a CPU request of that name invalidates it. */
+    cx_cache cache;
+    assert_int_equal(cx_cache_init(&cache, 8), CFX_OK);
+    size_t bit = 0, evicted = 0, got = 0;
+    assert_true(cx_cache_put(&cache, &out.items[0], &bit, &evicted));
+    assert_int_equal(cx_cache_lookup(&cache, &y1, &got), CX_CACHE_HIT);
+    assert_int_equal(got, bit);
+    cx_request ycpu = y1;
+    ycpu.device = CFX_DEVICE_CPU;
+    assert_int_equal(cx_cache_lookup(&cache, &ycpu, &got), CX_CACHE_INVALID);
+    cx_cache_destroy(&cache);
+
+    /* Fusion: CUDA responses of different ordinals fuse; CPU and CUDA never do. */
+    cx_response items[3];
+    for (int k = 0; k < 3; k++)
+        items[k] = out.items[0];
+    items[1].device = 1;
+    items[2].device = CFX_DEVICE_CPU;
+    assert_int_equal(cx_fusion_batch(items, 3, 0, 1 << 20, 1 << 20), 2);
+    cx_response_list_free(&out);
+    cx_coordinator_destroy(&c);
+}
+
 static void allgather_rows_and_groups(void **state)
 {
     (void)state;
@@ -313,6 +370,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(ready_order_and_partial),
         cmocka_unit_test(mismatch_messages),
+        cmocka_unit_test(device_kind_not_ordinal),
         cmocka_unit_test(allgather_rows_and_groups),
         cmocka_unit_test(join_readiness),
         cmocka_unit_test(stall_deadline),

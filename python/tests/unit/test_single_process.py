@@ -193,3 +193,48 @@ def test_timeline_start_stop(tmp_path):
         assert "unit.timeline" in json.dumps(json.load(f))
     with pytest.raises(ValueError):
         conflux.start_timeline("")
+
+
+def test_cuda_tensor_crosses_the_abi_with_device_and_stream(monkeypatch):
+    """No GPU needed: a CUDA tensor is described as (data_ptr, dtype, shape, device index,
+    torch.cuda.current_stream(device).cuda_stream), and on this machine the engine answers with
+    the error its build and machine call for."""
+    torch = pytest.importorskip("torch", reason="python3-torch is not installed")
+    import conflux.torch as cfx
+    from conflux import _core
+
+    class FakeCudaTensor:  # what _describe reads of a torch.Tensor on cuda:1
+        device = torch.device("cuda", 1)
+        dtype = torch.float32
+        shape = torch.Size([2, 3])
+
+        def data_ptr(self):
+            return 0x7f0000001000
+
+    streams = []
+
+    class Stream:
+        cuda_stream = 0x5a5a00
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda d: streams.append(d) or Stream())
+    desc = cfx._describe(FakeCudaTensor())
+    assert desc == (0x7f0000001000, _core.FLOAT32, (2, 3), 1, 0x5a5a00)
+    assert streams == [torch.device("cuda", 1)]
+
+    f = conflux.features()
+    if f["cuda_device"]:
+        pytest.skip("a CUDA device is usable here: tests/gpu covers the device path")
+    want = cfx.CudaError if f["cuda"] else cfx.UnsupportedError
+    with pytest.raises(want, match="CUDA device 0" if f["cuda"] else "need a build with CUDA"):
+        _core.submit(_core._capi.cfx_allreduce_async,
+                     ("py.dev", (0x7f0000001000, _core.FLOAT32, (2, 3), 0, None), None,
+                      _core.check_op(cfx.Sum), 1.0, 1.0), None, None, "allreduce")
+
+
+def test_horovod_build_queries_answer_from_features():
+    pytest.importorskip("torch", reason="python3-torch is not installed")
+    import conflux.horovod.torch as hvd
+    f = conflux.features()
+    assert hvd.cuda_built() == f["cuda"]
+    assert hvd.nccl_built() == (1 if f["nccl"] else 0)
+    assert hvd.rocm_built() is False
