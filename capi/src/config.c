@@ -140,7 +140,7 @@ static cfx_status load_env(cx_config *cfg)
             return cx_fail(CFX_ERR_CONFIG, "CFX_TIMELINE: path longer than %d bytes", CX_PATH_MAX - 17);
         strcpy(cfg->timeline, v);
     }
-    double mb;
+    double mb = 0; /* set by parse_double before use; some -O3 builds cannot see that */
     if ((v = env("CFX_TIMELINE_MAX_MB"))) {
         if ((st = parse_double("CFX_TIMELINE_MAX_MB", v, &mb)))
             return st;

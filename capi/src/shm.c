@@ -2,13 +2,16 @@
 #include "shm.h"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -17,10 +20,11 @@
 
 #define CACHE_LINE 64
 
-/* The segment's first page: the barrier, each on its own cache line. */
+/* The segment's first page: the barrier, each word on its own cache line. */
 typedef struct shm_control {
-    _Alignas(CACHE_LINE) atomic_uint_fast64_t arrived;
-    _Alignas(CACHE_LINE) atomic_uint_fast64_t generation;
+    _Alignas(CACHE_LINE) atomic_uint arrived;
+    _Alignas(CACHE_LINE) atomic_uint generation; /* 32 bits: a futex word */
+    atomic_uint sleepers;                        /* waiters in futex_wait */
 } shm_control;
 
 struct cx_shm {
@@ -31,7 +35,7 @@ struct cx_shm {
     shm_control *control;
     uint8_t *slots;        /* [2][nlocal][chunk] */
     uint8_t *results;      /* [2][chunk] */
-    uint64_t generation;   /* this rank's view of the barrier generation */
+    unsigned generation;   /* this rank's view of the barrier generation */
 };
 
 static size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
@@ -41,28 +45,54 @@ static uint8_t *slot(cx_shm *s, int buffer, int rank)
     return s->slots + ((size_t)buffer * (size_t)s->nlocal + (size_t)rank) * s->chunk;
 }
 
-/* Waits for every local rank: spin briefly, then yield, then sleep (ranks may share cores). */
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void futex_wait(atomic_uint *word, unsigned value)
+{
+    struct timespec limit = {0, 50 * 1000 * 1000}; /* a bound, not a poll: the waker wakes us */
+    syscall(SYS_futex, (unsigned *)word, FUTEX_WAIT, value, &limit, NULL, 0);
+}
+
+static void futex_wake_all(atomic_uint *word)
+{
+    syscall(SYS_futex, (unsigned *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Waits for every local rank. A round's phases take a few hundred microseconds, so a waiter spins,
+ * then yields (letting any other runnable thread have the core) for up to BARRIER_YIELD_S, then
+ * sleeps on a futex that the last arriver wakes. Polling with nanosleep instead costs the timer
+ * slack (about 50 us) per barrier, which at two barriers per chunk was a third of a 256 MiB
+ * reduction's time. */
+#define BARRIER_YIELD_S 1e-3
 static void barrier(cx_shm *s)
 {
-    uint64_t gen = s->generation;
-    if (atomic_fetch_add_explicit(&s->control->arrived, 1, memory_order_acq_rel) ==
-        (uint64_t)s->nlocal - 1) {
-        atomic_store_explicit(&s->control->arrived, 0, memory_order_relaxed);
-        atomic_store_explicit(&s->control->generation, gen + 1, memory_order_release);
+    unsigned gen = s->generation;
+    shm_control *c = s->control;
+    if (atomic_fetch_add(&c->arrived, 1) == (unsigned)s->nlocal - 1) {
+        atomic_store_explicit(&c->arrived, 0, memory_order_relaxed);
+        atomic_store(&c->generation, gen + 1);
+        if (atomic_load(&c->sleepers))
+            futex_wake_all(&c->generation);
     } else {
-        unsigned spins = 0;
-        long sleep_ns = 1000;
-        while (atomic_load_explicit(&s->control->generation, memory_order_acquire) == gen) {
-            if (++spins < 256)
+        double until = 0;
+        for (unsigned spins = 0; atomic_load(&c->generation) == gen; spins++) {
+            if (spins < 128)
                 continue;
-            if (spins < 1024) {
+            if (until == 0)
+                until = now_s() + BARRIER_YIELD_S;
+            if (spins % 64 || now_s() < until) {
                 sched_yield();
                 continue;
             }
-            struct timespec ts = {0, sleep_ns};
-            nanosleep(&ts, NULL);
-            if (sleep_ns < 100000)
-                sleep_ns *= 2;
+            atomic_fetch_add(&c->sleepers, 1);
+            if (atomic_load(&c->generation) == gen)
+                futex_wait(&c->generation, gen);
+            atomic_fetch_sub(&c->sleepers, 1);
         }
     }
     s->generation = gen + 1;
@@ -165,18 +195,54 @@ typedef struct cursor {
     size_t seg, pos; /* segment index, elements consumed within it */
 } cursor;
 
-/* Copies the next `count` elements of the segments' sources into `to`, scaled. */
-static void copy_in(const cx_segment *segs, cursor *c, size_t count, uint8_t *to, size_t esize,
-                    cfx_dtype dtype, cfx_reduce_op op, double factor)
+/* What to do with each stretch (the part of a chunk inside one segment) of a walk. */
+typedef enum { WALK_SKIP, WALK_COPY_IN, WALK_COPY_OUT, WALK_REDUCE_OWN } walk_kind;
+typedef struct walk_op {
+    walk_kind kind;
+    uint8_t *buf;           /* COPY_IN: destination; COPY_OUT: source; REDUCE_OWN: the result */
+    const uint8_t *other;   /* REDUCE_OWN: NULL: res (op)= own; else res = other (op) own, or
+                             * own (op) other with own_first */
+    bool own_first;
+    cfx_dtype dtype;
+    cfx_reduce_op op;
+    double factor;          /* COPY_IN: prescale; COPY_OUT: postscale */
+} walk_op;
+
+/* Applies `w` to the next `count` elements of the segments, stretch by stretch, and advances the
+ * cursor past them. A joined rank's missing source reads as the op's identity; a missing
+ * destination is skipped. */
+static void walk(const cx_segment *segs, cursor *c, size_t count, const walk_op *w)
 {
+    size_t esize = cfx_dtype_size(w->dtype), at = 0;
     while (count) {
         const cx_segment *g = &segs[c->seg];
         size_t n = g->count - c->pos < count ? g->count - c->pos : count;
-        if (g->src)
-            cx_scale_copy(to, (const uint8_t *)g->src + c->pos * esize, n, dtype, factor);
-        else
-            cx_fill_identity(to, n, dtype, op);
-        to += n * esize;
+        const uint8_t *src = g->src ? (const uint8_t *)g->src + c->pos * esize : NULL;
+        uint8_t *dst = g->dst ? (uint8_t *)g->dst + c->pos * esize : NULL;
+        uint8_t *buf = w->buf + at * esize;
+        switch (w->kind) {
+        case WALK_SKIP:
+            break;
+        case WALK_COPY_IN:
+            if (src)
+                cx_scale_copy(buf, src, n, w->dtype, w->factor);
+            else
+                cx_fill_identity(buf, n, w->dtype, w->op);
+            break;
+        case WALK_COPY_OUT:
+            if (dst)
+                cx_scale_copy(dst, buf, n, w->dtype, w->factor);
+            break;
+        case WALK_REDUCE_OWN: /* only where every source is present (not staged) */
+            if (!w->other)
+                cx_reduce_into(buf, src, n, w->dtype, w->op);
+            else if (w->own_first)
+                cx_reduce3(buf, src, w->other + at * esize, n, w->dtype, w->op);
+            else
+                cx_reduce3(buf, w->other + at * esize, src, n, w->dtype, w->op);
+            break;
+        }
+        at += n;
         count -= n;
         if ((c->pos += n) == g->count) {
             c->seg++;
@@ -185,20 +251,30 @@ static void copy_in(const cx_segment *segs, cursor *c, size_t count, uint8_t *to
     }
 }
 
-/* Copies `count` elements from `from` into the next stretch of the segments' destinations. */
-static void copy_out(const cx_segment *segs, cursor *c, size_t count, const uint8_t *from,
-                     size_t esize, cfx_dtype dtype, double factor)
+/* Reduces this rank's block (elements [lo, lo + count) of chunk buffer k) into res, combining the
+ * local ranks in rank order: the peers' copies from their slots, this rank's own from its slot
+ * when staged, else straight from its tensors (cursor `own`). */
+static void reduce_own_block(cx_shm *s, int k, const cx_segment *segs, cursor own, bool staged,
+                             size_t lo, size_t count, uint8_t *res, cfx_dtype dtype, cfx_reduce_op op)
 {
-    while (count) {
-        const cx_segment *g = &segs[c->seg];
-        size_t n = g->count - c->pos < count ? g->count - c->pos : count;
-        if (g->dst)
-            cx_scale_copy((uint8_t *)g->dst + c->pos * esize, from, n, dtype, factor);
-        from += n * esize;
-        count -= n;
-        if ((c->pos += n) == g->count) {
-            c->seg++;
-            c->pos = 0;
+    size_t b = lo * cfx_dtype_size(dtype);
+    const uint8_t *in[2]; /* local ranks 0 and 1 (there are always two or more) */
+    for (int q = 0; q < 2; q++)
+        in[q] = q == s->me && !staged ? NULL : slot(s, k, q) + b;
+    walk_op w = {WALK_REDUCE_OWN, res, in[0] ? in[0] : in[1], !in[0], dtype, op, 1.0};
+    if (in[0] && in[1]) {
+        cx_reduce3(res, in[0], in[1], count, dtype, op);
+    } else {
+        cursor c = own;
+        walk(segs, &c, count, &w);
+    }
+    for (int q = 2; q < s->nlocal; q++) {
+        if (q == s->me && !staged) {
+            cursor c = own;
+            w.other = NULL;
+            walk(segs, &c, count, &w);
+        } else {
+            cx_reduce_into(res, slot(s, k, q) + b, count, dtype, op);
         }
     }
 }
@@ -212,6 +288,11 @@ cfx_status cx_shm_allreduce(cx_shm *s, cx_transport *t, const cx_segment *segs, 
     size_t n = 0;
     for (size_t i = 0; i < nsegs; i++)
         n += segs[i].count;
+    /* This rank's own block is read where it lies, unless it must be scaled or a joined rank's
+     * identity stands in for it: then it is staged in the rank's own slot like the rest. */
+    bool stage_own = prescale != 1.0;
+    for (size_t i = 0; i < nsegs && !stage_own; i++)
+        stage_own = segs[i].count && !segs[i].src;
     cursor in = {0, 0}, out = {0, 0};
     /* Skip leading empty segments so the cursors never stand on one. */
     while (in.seg < nsegs && segs[in.seg].count == 0)
@@ -220,20 +301,20 @@ cfx_status cx_shm_allreduce(cx_shm *s, cx_transport *t, const cx_segment *segs, 
     int k = 0;
     for (size_t off = 0; off < n; off += per_chunk, k ^= 1) {
         size_t count = n - off < per_chunk ? n - off : per_chunk;
-        copy_in(segs, &in, count, slot(s, k, s->me), esize, dtype, op, prescale);
-        barrier(s);
         size_t lo = block_start(count, s->nlocal, s->me);
         size_t hi = block_start(count, s->nlocal, s->me + 1);
+        walk_op in_op = {WALK_COPY_IN, slot(s, k, s->me), NULL, false, dtype, op, prescale};
+        walk(segs, &in, lo, &in_op);
+        cursor own = in;
+        in_op.buf += lo * esize;
+        walk_op skip_op = {WALK_SKIP, in_op.buf, NULL, false, dtype, op, 1.0};
+        walk(segs, &in, hi - lo, stage_own ? &in_op : &skip_op);
+        in_op.buf += (hi - lo) * esize;
+        walk(segs, &in, count - hi, &in_op);
+        barrier(s);
         uint8_t *res = s->results + (size_t)k * s->chunk;
-        if (hi > lo) {
-            size_t b = lo * esize;
-            if (s->nlocal == 1)
-                memcpy(res + b, slot(s, k, 0) + b, (hi - lo) * esize);
-            else
-                cx_reduce3(res + b, slot(s, k, 0) + b, slot(s, k, 1) + b, hi - lo, dtype, op);
-            for (int r = 2; r < s->nlocal; r++)
-                cx_reduce_into(res + b, slot(s, k, r) + b, hi - lo, dtype, op);
-        }
+        if (hi > lo)
+            reduce_own_block(s, k, segs, own, stage_own, lo, hi - lo, res + lo * esize, dtype, op);
         if (hierarchical) {
             /* Every local rank sends its own block across hosts: all links work at once. Ranks
              * with an empty block still call, so the cross communicator's calls match. */
@@ -242,7 +323,8 @@ cfx_status cx_shm_allreduce(cx_shm *s, cx_transport *t, const cx_segment *segs, 
                 return st;
         }
         barrier(s);
-        copy_out(segs, &out, count, res, esize, dtype, postscale);
+        walk_op out_op = {WALK_COPY_OUT, res, NULL, false, dtype, op, postscale};
+        walk(segs, &out, count, &out_op);
     }
     return CFX_OK;
 }

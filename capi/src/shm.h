@@ -3,11 +3,15 @@
  *
  * The ranks of one host map one POSIX shared-memory segment: a double-buffered input slot of one
  * chunk per local rank, a double-buffered result area, and a barrier. A reduction runs chunk by
- * chunk: every rank copies its chunk into its slot; after a barrier, local rank i reduces block i of
- * the chunk straight from all the slots, in rank order, into the result area (the reduction work
- * is split across the local ranks); after a second barrier every rank copies the whole result
- * out. Chunks are cache-sized, so the data stays in cache between the copy in, the reduction and
- * the copy out; double buffering lets one chunk's copy out overlap the next chunk's copy in.
+ * chunk, and local rank i owns block i of each chunk: every rank copies the other ranks' blocks
+ * of its chunk into its slot (its own block stays where it is); after a barrier, rank i reduces
+ * block i, in rank order, from the peers' slots and straight from its own tensors into the result
+ * area (the reduction work is split across the local ranks); after a second barrier every rank
+ * copies the whole result out. Chunks are cache-sized, so the data stays in cache between the copy
+ * in, the reduction and the copy out; double buffering lets one chunk's copy out overlap the next
+ * chunk's copy in. Leaving the own block in place saves 1/n of the copy in; a prescale or a
+ * joined rank (no tensor: the identity) stages it like the rest. The barrier spins, yields, then
+ * sleeps on a futex the last arriver wakes.
  * Because each element is combined in local-rank order by one rank, the result is bitwise the
  * same on every rank and independent of fusion packing and chunking.
  *

@@ -1,4 +1,5 @@
 /* mpitest.c - implements mpitest.h. */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "mpitest.h"
 
 #include <math.h>

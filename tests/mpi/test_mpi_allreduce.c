@@ -190,6 +190,39 @@ static void test_scale_factors(void **state)
     mt_finish();
 }
 
+/* Tensors of just over 256 KiB: every dtype x every op, in place and out of place, sum with
+ * prescale 2 and postscale 3. The sizes are odd, so chunks and blocks of the shared-memory path
+ * end inside tensors; its path tests also run this with CFX_CHUNK_BYTES=64K (many chunks). */
+static void test_large_every_dtype_op(void **state)
+{
+    (void)state;
+    cfx_context *ctx = mt_open();
+    size_t ncases = (size_t)CFX_DTYPE_COUNT * CFX_OP_COUNT * 2, k = 0;
+    case_buf *cases = calloc(ncases, sizeof *cases);
+    for (int d = 0; d < CFX_DTYPE_COUNT; d++)
+        for (int op = 0; op < CFX_OP_COUNT; op++)
+            for (int ip = 0; ip < 2; ip++) {
+                case_buf *c = &cases[k];
+                c->dt = all_dtypes[d];
+                c->op = (cfx_reduce_op)op;
+                c->t = (int)k;
+                c->n = (256u << 10) / cfx_dtype_size(c->dt) + 2 * k + 1;
+                c->in_place = ip;
+                int scaled = c->op == CFX_OP_SUM && c->dt != CFX_BOOL && ip;
+                c->pre = scaled ? 2.0 : 1.0;
+                c->post = scaled ? 3.0 : 1.0;
+                fill_case(c);
+                submit_case(ctx, c, "large");
+                k++;
+            }
+    for (k = 0; k < ncases; k++)
+        check_case(ctx, &cases[k], cases[k].op == CFX_OP_AVERAGE || cases[k].pre != 1.0 ? 2.0 : 0.0);
+    check_identical_cases(cases, ncases);
+    free_cases(cases, ncases);
+    mt_close(ctx);
+    mt_finish();
+}
+
 /* Zero-element tensors (data NULL or not, several shapes) and scalars (ndim 0, shape NULL). */
 static void test_zero_size_and_scalar(void **state)
 {
@@ -716,6 +749,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dtype_op_matrix),
         cmocka_unit_test(test_scale_factors),
+        cmocka_unit_test(test_large_every_dtype_op),
         cmocka_unit_test(test_zero_size_and_scalar),
         cmocka_unit_test(test_larger_than_fusion_threshold),
         cmocka_unit_test(test_many_small),

@@ -1,0 +1,152 @@
+/*
+ * membw_floor - the memory-bandwidth floor of an allreduce on this machine.
+ *
+ *   cfx_membw_floor [--ranks N] [--reps R] BYTES...
+ *
+ * For each BYTES: N processes (fork) map one shared region holding every rank's float32 buffer
+ * and one result buffer; process i sums block i of all N buffers, in rank order, straight into
+ * the result. No copy in and no copy out: every process reads its share of the inputs once and
+ * writes its share of the result once, which is the least memory traffic any allreduce of these
+ * bytes can have (a library cannot do better unless its callers' tensors already live in shared
+ * memory). Also reported: one process's memcpy bandwidth and N processes copying at once.
+ *
+ * Output: CSV lines "floor,<bytes>,<ranks>,<median_s>,<min_s>" and
+ * "memcpy,<bytes>,<procs>,<median_s>,<min_s>" (GB/s is bytes / time), for bench/run.
+ */
+#define _GNU_SOURCE
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_REPS 64
+
+typedef struct shared {
+    _Alignas(64) atomic_uint arrived;
+    _Alignas(64) atomic_uint generation;
+    double times[MAX_REPS]; /* written by process 0 */
+} shared;
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void barrier(shared *s, unsigned n)
+{
+    unsigned gen = atomic_load(&s->generation);
+    if (atomic_fetch_add(&s->arrived, 1) == n - 1) {
+        atomic_store(&s->arrived, 0);
+        atomic_fetch_add(&s->generation, 1);
+    } else {
+        while (atomic_load(&s->generation) == gen)
+            sched_yield();
+    }
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Runs `work` in n processes `reps` times between barriers; prints the median and minimum. */
+typedef void (*work_fn)(int rank, int n, float *region, size_t count);
+static int run(const char *label, int n, int reps, size_t bytes, size_t region_bytes, work_fn work)
+{
+    shared *s = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    float *region = mmap(NULL, region_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (s == MAP_FAILED || region == MAP_FAILED) {
+        perror("membw_floor: mmap");
+        return 1;
+    }
+    memset(region, 0, region_bytes); /* fault every page in before timing */
+    for (size_t i = 0; i < region_bytes / sizeof(float); i++)
+        region[i] = (float)(i % 1000);
+    size_t count = bytes / sizeof(float);
+    for (int r = 0; r < n; r++) {
+        pid_t pid = fork();
+        if (pid < 0) {
+            perror("membw_floor: fork");
+            return 1;
+        }
+        if (pid == 0) {
+            work(r, n, region, count); /* warm-up */
+            for (int k = 0; k < reps; k++) {
+                barrier(s, (unsigned)n);
+                double t0 = now();
+                work(r, n, region, count);
+                barrier(s, (unsigned)n);
+                if (r == 0)
+                    s->times[k] = now() - t0;
+            }
+            _exit(0);
+        }
+    }
+    int failed = 0;
+    for (int r = 0; r < n; r++) {
+        int status = 0;
+        wait(&status);
+        failed |= !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+    }
+    qsort(s->times, (size_t)reps, sizeof(double), cmp_double);
+    if (!failed)
+        printf("%s,%zu,%d,%.9g,%.9g\n", label, bytes, n, s->times[reps / 2], s->times[0]);
+    munmap(region, region_bytes);
+    munmap(s, sizeof *s);
+    return failed;
+}
+
+/* region: n input buffers of count floats, then the result. */
+static void reduce_block(int rank, int n, float *region, size_t count)
+{
+    size_t lo = count * (size_t)rank / (size_t)n, hi = count * (size_t)(rank + 1) / (size_t)n;
+    float *out = region + (size_t)n * count;
+    const float *a = region, *b = region + count;
+    for (size_t i = lo; i < hi; i++)
+        out[i] = a[i] + b[i];
+    for (int q = 2; q < n; q++) {
+        const float *c = region + (size_t)q * count;
+        for (size_t i = lo; i < hi; i++)
+            out[i] += c[i];
+    }
+}
+
+/* region: per process a source and a destination of count floats. */
+static void copy_own(int rank, int n, float *region, size_t count)
+{
+    (void)n;
+    float *src = region + (size_t)rank * 2 * count;
+    memcpy(src + count, src, count * sizeof(float));
+}
+
+int main(int argc, char **argv)
+{
+    int n = 2, reps = 11, status = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--ranks") && i + 1 < argc) {
+            n = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+            reps = atoi(argv[++i]);
+        } else {
+            size_t bytes = (size_t)strtoull(argv[i], NULL, 10) / 64 * 64;
+            if (n < 2 || reps < 1 || reps > MAX_REPS || bytes == 0) {
+                fprintf(stderr, "usage: cfx_membw_floor [--ranks N>=2] [--reps 1..%d] BYTES...\n",
+                        MAX_REPS);
+                return 2;
+            }
+            status |= run("floor", n, reps, bytes, bytes * (size_t)(n + 1), reduce_block);
+            status |= run("memcpy", 1, reps, bytes, bytes * 2, copy_own);
+            status |= run("memcpy", n, reps, bytes, bytes * 2 * (size_t)n, copy_own);
+        }
+    }
+    return status;
+}
