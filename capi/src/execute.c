@@ -563,8 +563,12 @@ cfx_status cx_execute(cx_exec *x, const cx_response_list *responses)
             continue;
         }
         if (r->coll == CX_ALLREDUCE) {
+            /* The shared-memory path reads every tensor where it lies, so large tensors fuse as
+             * freely as small ones: chunks then run across tensor boundaries, and no tensor's tail
+             * is a short chunk of its own. Elsewhere the fusion buffer would copy them. */
+            int64_t cap = use_shm(x) && r->device == CFX_DEVICE_CPU ? INT64_MAX : x->cfg->chunk_bytes;
             size_t n = cx_fusion_batch(responses->items, responses->count, i,
-                                       x->cfg->fusion_threshold, x->cfg->chunk_bytes);
+                                       x->cfg->fusion_threshold, cap);
             cfx_status st = run_allreduce(x, r, n);
             if (st == CFX_ERR_TRANSPORT && !failure)
                 failure = st;

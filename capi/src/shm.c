@@ -322,9 +322,17 @@ cfx_status cx_shm_allreduce(cx_shm *s, cx_transport *t, const cx_segment *segs, 
             if (st)
                 return st;
         }
+        /* The own block goes out while it is still in this core's cache, before the barrier: no
+         * peer reads this rank's tensors, only its slot. */
+        walk_op out_op = {WALK_COPY_OUT, res + lo * esize, NULL, false, dtype, op, postscale};
+        walk(segs, &own, hi - lo, &out_op);
         barrier(s);
-        walk_op out_op = {WALK_COPY_OUT, res, NULL, false, dtype, op, postscale};
-        walk(segs, &out, count, &out_op);
+        out_op.buf = res;
+        walk(segs, &out, lo, &out_op);
+        walk_op skip_out = {WALK_SKIP, res, NULL, false, dtype, op, 1.0};
+        walk(segs, &out, hi - lo, &skip_out);
+        out_op.buf = res + hi * esize;
+        walk(segs, &out, count - hi, &out_op);
     }
     return CFX_OK;
 }
