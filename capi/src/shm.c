@@ -19,6 +19,7 @@
 #include "reduce.h"
 
 #define CACHE_LINE 64
+#define OWN_STRIP_BYTES (16u << 10) /* a strip of the own block: reduced, then copied out from L1 */
 
 /* The segment's first page: the barrier, each word on its own cache line. */
 typedef struct shm_control {
@@ -313,19 +314,31 @@ cfx_status cx_shm_allreduce(cx_shm *s, cx_transport *t, const cx_segment *segs, 
         walk(segs, &in, count - hi, &in_op);
         barrier(s);
         uint8_t *res = s->results + (size_t)k * s->chunk;
-        if (hi > lo)
-            reduce_own_block(s, k, segs, own, stage_own, lo, hi - lo, res + lo * esize, dtype, op);
+        /* The own block goes out before the second barrier (no peer reads this rank's tensors,
+         * only its slot): one strip at a time, right after its reduction, while it is in L1.
+         * Hierarchical mode copies it out after the cross-host step. */
+        walk_op out_op = {WALK_COPY_OUT, res, NULL, false, dtype, op, postscale};
+        cursor own_out = own;
+        size_t strip = hierarchical ? hi - lo : OWN_STRIP_BYTES / esize;
+        for (size_t a = lo; a < hi; a += strip) {
+            size_t m = hi - a < strip ? hi - a : strip;
+            reduce_own_block(s, k, segs, own, stage_own, a, m, res + a * esize, dtype, op);
+            walk_op step = {WALK_SKIP, res, NULL, false, dtype, op, 1.0};
+            walk(segs, &own, m, &step); /* `own` follows the strips */
+            if (!hierarchical) {
+                out_op.buf = res + a * esize;
+                walk(segs, &own_out, m, &out_op);
+            }
+        }
         if (hierarchical) {
             /* Every local rank sends its own block across hosts: all links work at once. Ranks
              * with an empty block still call, so the cross communicator's calls match. */
             cfx_status st = t->ops->cross_allreduce(t, res + lo * esize, hi - lo, dtype, op);
             if (st)
                 return st;
+            out_op.buf = res + lo * esize;
+            walk(segs, &own_out, hi - lo, &out_op);
         }
-        /* The own block goes out while it is still in this core's cache, before the barrier: no
-         * peer reads this rank's tensors, only its slot. */
-        walk_op out_op = {WALK_COPY_OUT, res + lo * esize, NULL, false, dtype, op, postscale};
-        walk(segs, &own, hi - lo, &out_op);
         barrier(s);
         out_op.buf = res;
         walk(segs, &out, lo, &out_op);
