@@ -108,6 +108,9 @@ def test_init_repeated_and_after_shutdown(rank, size):
     hvd.init()
     hvd.init()
     assert hvd.is_initialized() and hvd.size() == size and hvd.rank() == rank
+    # One rank's shutdown stops every rank's context: without the barrier a fast rank could shut
+    # down before a slow one has checked is_initialized() above.
+    hvd.barrier()
     hvd.shutdown()
     assert not hvd.is_initialized()
     with pytest.raises(ValueError, match="not been initialized"):

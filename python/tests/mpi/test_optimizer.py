@@ -115,11 +115,16 @@ def test_fp16_compression(rank, size):
 
 
 def test_sum_op(rank, size):
+    # The local gradients come from a copy without the optimizer's hooks: once backward() has run
+    # on the wrapped model, its .grad tensors are being reduced in place and may not be read
+    # before synchronize().
     model = make_model()
+    plain = copy.deepcopy(model)
+    plain(torch.full((1, IN), float(rank))).sum().backward()
+    local = [p.grad.clone() for p in plain.parameters()]
     opt = cfx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
                                    named_parameters=model.named_parameters(), op=cfx.Sum)
     model(torch.full((1, IN), float(rank))).sum().backward()
-    local = [p.grad.clone() for p in model.parameters()]
     opt.synchronize()
     # Named: generated names count calls per rank, and an earlier test that made a different number
     # of unnamed calls on some rank would pair up different tensors here.
