@@ -295,9 +295,12 @@ void cx_device_destroy(cx_device *d)
 
 /* ---- ordering and completion ------------------------------------------------------------------ */
 
-/* Conflux's stream waits on every distinct producer stream of the batch: kernels that wrote the
- * tensors before the call finish before Conflux reads them. */
-static cfx_status after_producers(cx_device *d, cx_entry *const *entries, size_t n)
+/* For each distinct caller stream of the batch, orders it against Conflux's stream through `event`
+ * (cx_cuda_stream_after): the caller's stream waits on Conflux's (`callers_wait`) or Conflux's on
+ * the caller's. Only the first 8 distinct streams are remembered; a later repeat is redundant,
+ * not wrong. */
+static cfx_status each_caller_stream(cx_device *d, cx_entry *const *entries, size_t n,
+                                     bool callers_wait, void *event)
 {
     void *seen[8];
     size_t nseen = 0;
@@ -310,13 +313,21 @@ static cfx_status after_producers(cx_device *d, cx_entry *const *entries, size_t
             dup = seen[k] == s;
         if (dup)
             continue;
-        cfx_status st = cx_cuda_stream_after(d->stream, s, d->ev_in);
+        cfx_status st = callers_wait ? cx_cuda_stream_after(s, d->stream, event)
+                                     : cx_cuda_stream_after(d->stream, s, event);
         if (st)
             return st;
         if (nseen < 8)
             seen[nseen++] = s;
     }
     return CFX_OK;
+}
+
+/* Conflux's stream waits on every distinct producer stream of the batch: kernels that wrote the
+ * tensors before the call finish before Conflux reads them. */
+static cfx_status after_producers(cx_device *d, cx_entry *const *entries, size_t n)
+{
+    return each_caller_stream(d, entries, n, false, d->ev_in);
 }
 
 /* Waits, polling the event, until the work recorded before it on Conflux's stream is done. Spins
@@ -355,24 +366,10 @@ static cfx_status wait_event(cx_exec *x, cx_device *d, void *event)
  * thread waits for Conflux's stream itself before the handles complete. */
 static cfx_status release_callers(cx_exec *x, cx_device *d, cx_entry *const *entries, size_t n)
 {
-    void *seen[8];
-    size_t nseen = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!entries[i])
-            continue;
-        void *s = entries[i]->stream;
-        bool dup = false;
-        for (size_t k = 0; k < nseen && !dup; k++)
-            dup = seen[k] == s;
-        if (dup)
-            continue;
-        cfx_status st = cx_cuda_stream_after(s, d->stream, d->ev_done);
-        if (st)
-            return st;
-        if (nseen < 8)
-            seen[nseen++] = s;
-    }
-    cfx_status st = cx_cuda_event_record(d->ev_done, d->stream);
+    cfx_status st = each_caller_stream(d, entries, n, true, d->ev_done);
+    if (st)
+        return st;
+    st = cx_cuda_event_record(d->ev_done, d->stream);
     return st ? st : wait_event(x, d, d->ev_done);
 }
 

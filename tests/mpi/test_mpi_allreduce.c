@@ -117,10 +117,11 @@ static void free_cases(case_buf *cases, size_t ncases)
     free(cases);
 }
 
-/* Every dtype x every op, in place and out of place, all submitted at once. */
-static void test_dtype_op_matrix(void **state)
+/* Every dtype x every op, in place and out of place, all submitted at once, then checked. `large`:
+ * tensors of just over 256 KiB with odd sizes (chunks and blocks of the shared-memory path end
+ * inside tensors), and sum in place with prescale 2 and postscale 3; else 1000 or 37 elements. */
+static void run_dtype_op_matrix(const char *prefix, int large)
 {
-    (void)state;
     cfx_context *ctx = mt_open();
     size_t ncases = (size_t)CFX_DTYPE_COUNT * CFX_OP_COUNT * 2, k = 0;
     case_buf *cases = calloc(ncases, sizeof *cases);
@@ -131,19 +132,28 @@ static void test_dtype_op_matrix(void **state)
                 c->dt = all_dtypes[d];
                 c->op = (cfx_reduce_op)op;
                 c->t = (int)k;
-                c->n = k % 3 == 0 ? 1000 : 37;
                 c->in_place = ip;
-                c->pre = c->post = 1.0;
+                int scaled = large && c->op == CFX_OP_SUM && c->dt != CFX_BOOL && ip;
+                c->n = large ? (256u << 10) / cfx_dtype_size(c->dt) + 2 * k + 1
+                             : k % 3 == 0 ? 1000 : 37;
+                c->pre = scaled ? 2.0 : 1.0;
+                c->post = scaled ? 3.0 : 1.0;
                 fill_case(c);
-                submit_case(ctx, c, "matrix");
+                submit_case(ctx, c, prefix);
                 k++;
             }
     for (k = 0; k < ncases; k++)
-        check_case(ctx, &cases[k], cases[k].op == CFX_OP_AVERAGE ? 2.0 : 0.0);
+        check_case(ctx, &cases[k], cases[k].op == CFX_OP_AVERAGE || cases[k].pre != 1.0 ? 2.0 : 0.0);
     check_identical_cases(cases, ncases);
     free_cases(cases, ncases);
     mt_close(ctx);
     mt_finish();
+}
+
+static void test_dtype_op_matrix(void **state)
+{
+    (void)state;
+    run_dtype_op_matrix("matrix", 0);
 }
 
 /* prescale/postscale on every dtype: sum (x3, x2), average (x2, x3), max of negated values. */
@@ -190,37 +200,12 @@ static void test_scale_factors(void **state)
     mt_finish();
 }
 
-/* Tensors of just over 256 KiB: every dtype x every op, in place and out of place, sum with
- * prescale 2 and postscale 3. The sizes are odd, so chunks and blocks of the shared-memory path
- * end inside tensors; its path tests also run this with CFX_CHUNK_BYTES=64K (many chunks). */
+/* The matrix again with tensors past the shared-memory path's chunk; its path tests also run this
+ * with CFX_CHUNK_BYTES=64K (many chunks per batch). */
 static void test_large_every_dtype_op(void **state)
 {
     (void)state;
-    cfx_context *ctx = mt_open();
-    size_t ncases = (size_t)CFX_DTYPE_COUNT * CFX_OP_COUNT * 2, k = 0;
-    case_buf *cases = calloc(ncases, sizeof *cases);
-    for (int d = 0; d < CFX_DTYPE_COUNT; d++)
-        for (int op = 0; op < CFX_OP_COUNT; op++)
-            for (int ip = 0; ip < 2; ip++) {
-                case_buf *c = &cases[k];
-                c->dt = all_dtypes[d];
-                c->op = (cfx_reduce_op)op;
-                c->t = (int)k;
-                c->n = (256u << 10) / cfx_dtype_size(c->dt) + 2 * k + 1;
-                c->in_place = ip;
-                int scaled = c->op == CFX_OP_SUM && c->dt != CFX_BOOL && ip;
-                c->pre = scaled ? 2.0 : 1.0;
-                c->post = scaled ? 3.0 : 1.0;
-                fill_case(c);
-                submit_case(ctx, c, "large");
-                k++;
-            }
-    for (k = 0; k < ncases; k++)
-        check_case(ctx, &cases[k], cases[k].op == CFX_OP_AVERAGE || cases[k].pre != 1.0 ? 2.0 : 0.0);
-    check_identical_cases(cases, ncases);
-    free_cases(cases, ncases);
-    mt_close(ctx);
-    mt_finish();
+    run_dtype_op_matrix("large", 1);
 }
 
 /* Zero-element tensors (data NULL or not, several shapes) and scalars (ndim 0, shape NULL). */
