@@ -403,11 +403,6 @@ static cfx_status local_failure(const cx_device *d)
 
 #if CFX_DEVICE_NCCL
 /* The unpack factor: postscale, and 1/size for AVERAGE (as execute.c's host path). */
-static double final_scale(const cx_exec *x, const cx_response *r)
-{
-    return r->op == CFX_OP_AVERAGE ? r->postscale / (double)x->transport->size : r->postscale;
-}
-
 static cfx_status reserve_fusion(cx_device *d, size_t bytes)
 {
     if (d->fusion_cap >= bytes && d->fusion)
@@ -426,25 +421,22 @@ static cfx_status reserve_fusion(cx_device *d, size_t bytes)
 
 /* Pack (prescale) -> ncclAllReduce -> unpack (postscale, 1/size), all on Conflux's stream. A lone
  * tensor (not bool, whose bytes are normalised by the pack kernel) is reduced in place. */
-static cfx_status nccl_allreduce(cx_exec *x, cx_device *d, const cx_response *items, size_t n,
-                                 cx_entry *const *entries, double *tl)
+static cfx_status nccl_allreduce(cx_exec *x, cx_device *d, const cx_allreduce_batch *b, double *tl)
 {
-    const cx_response *first = &items[0];
-    cfx_dtype dtype = (cfx_dtype)first->dtype;
-    cfx_reduce_op op = (cfx_reduce_op)first->op;
-    size_t esize = cfx_dtype_size(dtype);
-    size_t total = 0;
-    for (size_t i = 0; i < n; i++)
-        total += (size_t)cx_shape_elements(items[i].ndim, items[i].shape);
-    double post = final_scale(x, first);
+    const cx_response *items = b->items;
+    cx_entry *const *entries = b->entries;
+    size_t n = b->n, esize = b->esize, total = b->total;
+    cfx_dtype dtype = b->dtype;
+    cfx_reduce_op op = b->op;
+    double pre = b->prescale, post = b->postscale;
     cfx_status st = local_failure(d);
     if (!st)
         st = after_producers(d, entries, n);
     if (!st && n == 1 && entries[0] && dtype != CFX_BOOL) {
         cx_entry *e = entries[0];
         const void *src = e->input;
-        if (first->prescale != 1.0) {
-            st = cx_cuda_scale(e->output, e->input, total, dtype, first->prescale, d->stream);
+        if (pre != 1.0) {
+            st = cx_cuda_scale(e->output, e->input, total, dtype, pre, d->stream);
             src = e->output;
         }
         TL_AT(tl, 1);
@@ -473,7 +465,7 @@ static cfx_status nccl_allreduce(cx_exec *x, cx_device *d, const cx_response *it
         if (!st && m)
             st = cx_cuda_batch_set(d->batch, desc, m, dtype, d->stream);
         if (!st && m)
-            st = cx_cuda_batch_pack(d->batch, d->fusion, first->prescale, d->stream);
+            st = cx_cuda_batch_pack(d->batch, d->fusion, pre, d->stream);
         TL_AT(tl, 1);
         if (!st)
             st = cx_nccl_allreduce(d->nccl, d->fusion, d->fusion, total, dtype, op);
@@ -489,16 +481,14 @@ static cfx_status nccl_allreduce(cx_exec *x, cx_device *d, const cx_response *it
 
 /* Device -> page-locked host, the host data path, host -> device. A rank whose staging fails
  * still takes part with the identity, so the peers never wait for it in vain. */
-static cfx_status staged_allreduce(cx_exec *x, cx_device *d, const cx_response *items, size_t n,
-                                   cx_entry *const *entries, double *tl)
+static cfx_status staged_allreduce(cx_exec *x, cx_device *d, const cx_allreduce_batch *b, double *tl)
 {
-    size_t esize = cfx_dtype_size((cfx_dtype)items[0].dtype);
-    size_t total = 0;
+    const cx_response *items = b->items;
+    cx_entry *const *entries = b->entries;
+    size_t n = b->n, esize = b->esize, total = b->total;
     bool any = false;
-    for (size_t i = 0; i < n; i++) {
-        total += (size_t)cx_shape_elements(items[i].ndim, items[i].shape);
+    for (size_t i = 0; i < n; i++)
         any = any || entries[i];
-    }
     cx_entry *copies = calloc(n, sizeof *copies);
     cx_entry **staged = calloc(n, sizeof *staged);
     cfx_status local = copies && staged ? CFX_OK
@@ -542,7 +532,9 @@ static cfx_status staged_allreduce(cx_exec *x, cx_device *d, const cx_response *
         snprintf(local_msg, sizeof local_msg, "%s", cx_error_message());
         memset(staged, 0, n * sizeof *staged); /* take part with the identity */
     }
-    cfx_status st = cx_exec_allreduce_host(x, items, n, staged, tl);
+    cx_allreduce_batch on_host = *b;
+    on_host.entries = staged;
+    cfx_status st = cx_exec_allreduce_host(x, &on_host, tl);
     if (!st && local)
         st = cx_fail(local, "%s", local_msg);
     if (!st && any) {
@@ -562,19 +554,18 @@ static cfx_status staged_allreduce(cx_exec *x, cx_device *d, const cx_response *
     return st;
 }
 
-cfx_status cx_device_allreduce(cx_exec *x, const cx_response *items, size_t n,
-                               cx_entry *const *entries, double *tl)
+cfx_status cx_device_allreduce(cx_exec *x, const cx_allreduce_batch *b, double *tl)
 {
     cx_device *d = NULL;
-    cfx_status st = ensure_device(x, entries, n, &d);
+    cfx_status st = ensure_device(x, b->entries, b->n, &d);
     if (st)
         return st;
 #if CFX_DEVICE_NCCL
     /* Agreed on every rank: the path (set-up) and the dtype (the response). */
-    if (d->path == CX_DEVICE_PATH_NCCL && cx_nccl_reducible((cfx_dtype)items[0].dtype))
-        return nccl_allreduce(x, d, items, n, entries, tl);
+    if (d->path == CX_DEVICE_PATH_NCCL && cx_nccl_reducible(b->dtype))
+        return nccl_allreduce(x, d, b, tl);
 #endif
-    return staged_allreduce(x, d, items, n, entries, tl);
+    return staged_allreduce(x, d, b, tl);
 }
 
 /* ---- the other collectives -------------------------------------------------------------------- */
@@ -643,12 +634,11 @@ cfx_status cx_device_single(cx_exec *x, const cx_response *r, cx_entry *e)
 
 #else /* no CUDA in this build: api.c refuses device tensors, so these are not reached */
 
-cfx_status cx_device_allreduce(cx_exec *x, const cx_response *items, size_t n,
-                               cx_entry *const *entries, double *tl)
+cfx_status cx_device_allreduce(cx_exec *x, const cx_allreduce_batch *b, double *tl)
 {
-    (void)x, (void)n, (void)entries, (void)tl;
+    (void)x, (void)tl;
     return cx_fail(CFX_ERR_UNSUPPORTED, "tensor '%s': device tensors need a build with CUDA (see "
-                   "docs/gpu.md)", items[0].name);
+                   "docs/gpu.md)", b->items[0].name);
 }
 
 cfx_status cx_device_single(cx_exec *x, const cx_response *r, cx_entry *e)

@@ -43,10 +43,9 @@
 
 typedef struct cx_device cx_device;
 
-/* n fused allreduce responses of device tensors; entries as in cx_exec_allreduce_host (NULL: a
- * joined rank's share). Neither takes nor completes the entries. tl as there. */
-cfx_status cx_device_allreduce(cx_exec *x, const cx_response *items, size_t n,
-                               cx_entry *const *entries, double *tl);
+/* A fused allreduce batch of device tensors (execute.h; a NULL entry is a joined rank's share).
+ * Neither takes nor completes the entries. tl as for cx_exec_allreduce_host. */
+cfx_status cx_device_allreduce(cx_exec *x, const cx_allreduce_batch *b, double *tl);
 
 /* One non-allreduce response of a device tensor with this rank's entry (not completed here). */
 cfx_status cx_device_single(cx_exec *x, const cx_response *r, cx_entry *e);

@@ -198,17 +198,14 @@ static void timeline_negotiated(cx_exec *x, const cx_response_list *responses)
     }
 }
 
-cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_response *items, size_t n,
-                                  cx_entry *const *entries, double *tl)
+cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_allreduce_batch *b, double *tl)
 {
-    const cx_response *first = &items[0];
-    cfx_dtype dtype = (cfx_dtype)first->dtype;
-    cfx_reduce_op op = (cfx_reduce_op)first->op;
-    size_t esize = cfx_dtype_size(dtype);
-    size_t total = 0;
-    for (size_t i = 0; i < n; i++)
-        total += (size_t)cx_shape_elements(items[i].ndim, items[i].shape);
-    double post = final_scale(x, first);
+    const cx_response *items = b->items;
+    cx_entry *const *entries = b->entries;
+    size_t n = b->n, esize = b->esize, total = b->total;
+    cfx_dtype dtype = b->dtype;
+    cfx_reduce_op op = b->op;
+    double pre = b->prescale, post = b->postscale;
     cfx_status st = CFX_OK;
     if (use_shm(x)) {
         /* Straight from the tensors into shared memory and back: no fusion buffer. */
@@ -223,7 +220,7 @@ cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_response *items, size_t n
                 segs[i].count = (size_t)cx_shape_elements(items[i].ndim, items[i].shape);
             }
             TL_STAMP(tl, 1);
-            st = cx_shm_allreduce(x->shm, x->transport, segs, n, dtype, op, first->prescale, post,
+            st = cx_shm_allreduce(x->shm, x->transport, segs, n, dtype, op, pre, post,
                                   x->hierarchical);
             TL_STAMP(tl, 2);
             if (segs != stack_segs)
@@ -232,7 +229,7 @@ cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_response *items, size_t n
     } else if (n == 1 && entries[0]) {
         cx_entry *e = entries[0];
         TL_STAMP(tl, 1);
-        st = reduce_chunks(x, e->input, e->output, total, dtype, op, first->prescale, post);
+        st = reduce_chunks(x, e->input, e->output, total, dtype, op, pre, post);
         TL_STAMP(tl, 2);
     } else {
         st = reserve(&x->fusion, &x->fusion_cap, total * esize + 1);
@@ -241,7 +238,7 @@ cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_response *items, size_t n
         for (size_t i = 0; !st && i < n; i++) {
             size_t count = (size_t)cx_shape_elements(items[i].ndim, items[i].shape);
             if (entries[i])
-                cx_scale_copy(buf + off * esize, entries[i]->input, count, dtype, first->prescale);
+                cx_scale_copy(buf + off * esize, entries[i]->input, count, dtype, pre);
             else /* joined: contribute the identity */
                 cx_fill_identity(buf + off * esize, count, dtype, op);
             off += count;
@@ -265,24 +262,25 @@ cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_response *items, size_t n
 static cfx_status run_allreduce(cx_exec *x, const cx_response *items, size_t n)
 {
     const cx_response *first = &items[0];
-    size_t esize = cfx_dtype_size((cfx_dtype)first->dtype);
     cx_entry *stack_entries[16];
     cx_entry **entries = n <= 16 ? stack_entries : malloc(n * sizeof *entries);
     if (!entries)
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for %zu entries", n);
-    size_t total = 0;
+    cx_allreduce_batch b = {items, n, entries, (cfx_dtype)first->dtype, (cfx_reduce_op)first->op,
+                            cfx_dtype_size((cfx_dtype)first->dtype), 0, first->prescale,
+                            final_scale(x, first)};
     for (size_t i = 0; i < n; i++) {
         entries[i] = cx_queue_take(x->queue, items[i].name);
-        total += (size_t)cx_shape_elements(items[i].ndim, items[i].shape);
+        b.total += (size_t)cx_shape_elements(items[i].ndim, items[i].shape);
     }
     double tl[4] = {0};
     TL_STAMP(tl, 0);
     /* Device tensors (the kind is agreed, so every rank takes the same branch): device_exec.h. */
-    cfx_status st = first->device != CFX_DEVICE_CPU ? cx_device_allreduce(x, items, n, entries, tl)
-                                                    : cx_exec_allreduce_host(x, items, n, entries, tl);
+    cfx_status st = first->device != CFX_DEVICE_CPU ? cx_device_allreduce(x, &b, tl)
+                                                    : cx_exec_allreduce_host(x, &b, tl);
     TL_STAMP(tl, 3);
     if (CX_TL(x->timeline) && !st)
-        timeline_allreduce(x, items, n, tl, total * esize);
+        timeline_allreduce(x, items, n, tl, b.total * b.esize);
     if (st) {
         char msg[CX_ERROR_MAX];
         snprintf(msg, sizeof msg, "allreduce of tensor '%s'%s failed: %s", first->name,

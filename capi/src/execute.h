@@ -48,14 +48,25 @@ void cx_exec_destroy(cx_exec *x);
  * (the context can no longer communicate); mismatches only fail their own tensors. */
 cfx_status cx_execute(cx_exec *x, const cx_response_list *responses);
 
-/* The host data path of n fused allreduce responses over `entries` (NULL: this rank contributes
- * the op's identity, as a joined rank does): shared memory, chunked MPI or the deterministic
- * ordered path, prescale and postscale (and 1/size) fused in. Neither takes nor completes the
- * entries. run_allreduce calls it for host tensors; the host-staged device path (device_exec.c)
- * calls it with entries whose input/output point into page-locked staging memory. tl[1] and tl[2]
- * get the collective's start and end when the timeline is on. */
-cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_response *items, size_t n,
-                                  cx_entry *const *entries, double *tl);
+/* One fused allreduce batch, described once by run_allreduce for whichever data path runs it. */
+typedef struct cx_allreduce_batch {
+    const cx_response *items; /* n responses; items[0]'s dtype, op and scale factors hold for all */
+    size_t n;
+    cx_entry *const *entries; /* this rank's entries; NULL: contribute the op's identity (joined) */
+    cfx_dtype dtype;
+    cfx_reduce_op op;
+    size_t esize;
+    size_t total;             /* elements over all n responses */
+    double prescale;
+    double postscale;         /* the response's, with 1/size folded in for AVERAGE */
+} cx_allreduce_batch;
+
+/* The host data path of a batch: shared memory, chunked MPI or the deterministic ordered path,
+ * prescale and postscale fused in. Neither takes nor completes the entries. run_allreduce calls it
+ * for host tensors; the host-staged device path (device_exec.c) calls it with entries whose
+ * input/output point into page-locked staging memory. tl[1] and tl[2] get the collective's start
+ * and end when the timeline is on. */
+cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_allreduce_batch *b, double *tl);
 
 /* A single non-allreduce response (broadcast, allgather, alltoall, reducescatter, barrier, join)
  * on the host data path, with this rank's entry `e` (not completed here). Outputs Conflux
