@@ -13,6 +13,7 @@
 #include "dtype.h"
 #include "error.h"
 #include "queue.h"
+#include "shared_pool.h"
 #include "transport_local.h"
 #if CFX_HAVE_MPI
 #include "transport_mpi.h"
@@ -700,4 +701,18 @@ cfx_status cfx_timeline_stop(cfx_context *ctx)
     if (!ctx->thread_started)
         return CFX_OK; /* shutdown already closed it */
     return cx_context_set_timeline(ctx, NULL, false);
+}
+
+/* ---- shared tensor memory ------------------------------------------------------------------ */
+
+cfx_status cfx_alloc(size_t bytes, void **out)
+{
+    if (!out)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_alloc: out is NULL");
+    return cx_pool_alloc(bytes, out);
+}
+
+cfx_status cfx_free(void *ptr)
+{
+    return cx_pool_free(ptr);
 }

@@ -19,8 +19,7 @@
 #define DEFAULT_STALL_WARNING_S 60.0
 #define DEFAULT_STALL_TIMEOUT_S 600.0
 
-/* "123", "64K", "64KiB", "16M", "1G" (binary multiples). */
-static cfx_status parse_bytes(const char *var, const char *text, int64_t *out)
+cfx_status cx_parse_bytes(const char *var, const char *text, int64_t *out)
 {
     errno = 0;
     char *end;
@@ -103,11 +102,11 @@ static cfx_status load_env(cx_config *cfg)
         else if (!strcasecmp(v, "local")) cfg->transport = CFX_TRANSPORT_LOCAL;
         else return cx_fail(CFX_ERR_CONFIG, "CFX_TRANSPORT=\"%s\": expected auto, mpi or local", v);
     }
-    if ((v = env("CFX_FUSION_THRESHOLD")) && (st = parse_bytes("CFX_FUSION_THRESHOLD", v, &cfg->fusion_threshold)))
+    if ((v = env("CFX_FUSION_THRESHOLD")) && (st = cx_parse_bytes("CFX_FUSION_THRESHOLD", v, &cfg->fusion_threshold)))
         return st;
-    if ((v = env("CFX_CHUNK_BYTES")) && (st = parse_bytes("CFX_CHUNK_BYTES", v, &cfg->chunk_bytes)))
+    if ((v = env("CFX_CHUNK_BYTES")) && (st = cx_parse_bytes("CFX_CHUNK_BYTES", v, &cfg->chunk_bytes)))
         return st;
-    if ((v = env("CFX_CACHE_CAPACITY")) && (st = parse_bytes("CFX_CACHE_CAPACITY", v, &cfg->cache_capacity)))
+    if ((v = env("CFX_CACHE_CAPACITY")) && (st = cx_parse_bytes("CFX_CACHE_CAPACITY", v, &cfg->cache_capacity)))
         return st;
     if ((v = env("CFX_CYCLE_TIME")) && (st = parse_double("CFX_CYCLE_TIME", v, &cfg->cycle_time_ms)))
         return st;

@@ -37,6 +37,10 @@ typedef struct cx_config {
     char autotune_log[CX_PATH_MAX]; /* CFX_AUTOTUNE_LOG: "" = none */
 } cx_config;
 
+/* Parses a byte count for variable `var`: "123", "64K", "64KiB", "16M", "1G" (binary multiples).
+ * CFX_ERR_CONFIG naming the variable and the text when malformed. */
+cfx_status cx_parse_bytes(const char *var, const char *text, int64_t *out);
+
 /* The fields every rank must share (broadcast from rank 0 at init). */
 typedef struct cx_config_agreed {
     int64_t fusion_threshold, chunk_bytes, cache_capacity;

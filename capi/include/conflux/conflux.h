@@ -324,6 +324,28 @@ CFX_API cfx_status cfx_timeline_start(cfx_context *ctx, const char *path, int ma
  * own (another rank shut down, a transport error): cfx_shutdown then completes the file. */
 CFX_API cfx_status cfx_timeline_stop(cfx_context *ctx);
 
+/* ---- Shared tensor memory --------------------------------------------------------------------
+ * Memory that the other ranks on this host can read and write directly, like MPI_Alloc_mem. A CPU
+ * allreduce whose tensors (input and output) lie in this memory on every rank of a host skips the
+ * copies into and out of the shared-memory slots: each local rank reduces its share of the
+ * batch straight from every rank's tensors and writes the result straight into every rank's
+ * output, about half the memory traffic of tensors in private memory (docs/architecture.md).
+ * Tensors anywhere else work as before; ranks may mix.
+ * The pool is per process, not per context: memory may be allocated before cfx_init and outlive
+ * cfx_shutdown. Its size is reserved address space (CFX_SHARED_POOL_BYTES, default the machine's
+ * RAM); pages are taken as they are first touched and given back on cfx_free of large blocks.
+ * Safe from any thread. A forked child starts an empty pool of its own. */
+
+/* Allocates `bytes` (0 gives a minimal block) of shared tensor memory, 64-byte aligned; the
+ * contents are undefined, as with malloc. CFX_ERR_OUT_OF_MEMORY when the pool has no room (the
+ * message gives its use and size); CFX_ERR_CONFIG for a malformed CFX_SHARED_POOL_BYTES. */
+CFX_API cfx_status cfx_alloc(size_t bytes, void **out);
+
+/* Returns memory from cfx_alloc; NULL is a no-op. CFX_ERR_INVALID_ARGUMENT for a pointer that
+ * cfx_alloc did not return or that was already freed (nothing is changed then). The memory must
+ * not be in flight in a collective. */
+CFX_API cfx_status cfx_free(void *ptr);
+
 #ifdef __cplusplus
 }
 #endif
