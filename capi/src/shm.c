@@ -17,16 +17,29 @@
 
 #include "error.h"
 #include "reduce.h"
+#include "shared_pool.h"
 
 #define CACHE_LINE 64
 #define OWN_STRIP_BYTES (16u << 10) /* a strip of the own block: reduced, then copied out from L1 */
 
-/* The segment's first page: the barrier, each word on its own cache line. */
+/* The segment's first pages: the barrier, each word on its own cache line, then every local
+ * rank's shared pool (shared_pool.h) for its peers to map. */
 typedef struct shm_control {
     _Alignas(CACHE_LINE) atomic_uint arrived;
     _Alignas(CACHE_LINE) atomic_uint generation; /* 32 bits: a futex word */
     atomic_uint sleepers;                        /* waiters in futex_wait */
+    _Alignas(CACHE_LINE) cx_pool_export pools[]; /* [nlocal] */
 } shm_control;
+
+/* Each local rank's offer of a batch for the direct path: whether all of its tensors lie in its
+ * shared pool, and where (offsets into the pool), segment by segment. Written before a batch's
+ * first barrier, read by the peers right after it; the next batch rewrites it only after another
+ * barrier, so no reader sees it change. */
+#define DIRECT_MAX_SEGS 4096
+typedef struct direct_offer {
+    uint32_t ok, nsegs;
+    struct { uint64_t src, dst; } at[DIRECT_MAX_SEGS];
+} direct_offer;
 
 struct cx_shm {
     int nlocal, me;
@@ -36,7 +49,12 @@ struct cx_shm {
     shm_control *control;
     uint8_t *slots;        /* [2][nlocal][chunk] */
     uint8_t *results;      /* [2][chunk] */
+    direct_offer *offers;  /* [nlocal] */
     unsigned generation;   /* this rank's view of the barrier generation */
+    uint8_t **peer_pools;  /* [nlocal] the local ranks' pools as mapped here (own: NULL); NULL
+                            * when some rank could not map them: no direct path */
+    uint8_t *strip;        /* OWN_STRIP_BYTES of private scratch for the direct path */
+    uint64_t direct_batches; /* batches that took the direct path */
 };
 
 static size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
@@ -99,6 +117,37 @@ static void barrier(cx_shm *s)
     s->generation = gen + 1;
 }
 
+static void unmap_peer_pools(cx_shm *s);
+
+/* Publishes this rank's shared pool in the segment and maps every peer's, for the direct path.
+ * Collective. A rank that cannot (no memfd, /proc closed to it) turns the direct path off for
+ * all, with the reason in the error message; that is not an error: tensors then take the copies. */
+static cfx_status map_peer_pools(cx_shm *s, cx_transport *t)
+{
+    cfx_status local = cx_pool_get_export(&s->control->pools[s->me]);
+    barrier(s);
+    s->peer_pools = calloc((size_t)s->nlocal, sizeof *s->peer_pools);
+    s->strip = aligned_alloc(CACHE_LINE, OWN_STRIP_BYTES);
+    if (!local && (!s->peer_pools || !s->strip))
+        local = cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for the direct path");
+    for (int q = 0; q < s->nlocal && !local && s->peer_pools; q++)
+        if (q != s->me && !s->control->pools[q].size)
+            local = cx_fail(CFX_ERR_TRANSPORT, "local rank %d has no shared pool", q);
+        else if (q != s->me)
+            local = cx_pool_map_peer(&s->control->pools[q], (void **)&s->peer_pools[q]);
+    char msg[CX_ERROR_MAX];
+    snprintf(msg, sizeof msg, "%s", local ? cx_error_message() : "");
+    uint64_t ok = local ? 0 : ~0ull;
+    cfx_status st = t->ops->allreduce_and(t, &ok, 1);
+    if (st || !ok) {
+        unmap_peer_pools(s);
+        if (!st)
+            cx_fail(CFX_ERR_TRANSPORT, "%s", local ? msg : "another local rank could not map the "
+                    "shared pools");
+    }
+    return st;
+}
+
 cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, cx_shm **out)
 {
     *out = NULL;
@@ -124,8 +173,9 @@ cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, cx_shm **out)
     s->nlocal = t->local_size;
     s->me = t->local_rank;
     s->chunk = round_up(chunk_bytes, CACHE_LINE);
-    size_t control = round_up(sizeof(shm_control), 4096);
-    s->size = control + s->chunk * 2 * (size_t)s->nlocal + s->chunk * 2;
+    size_t control = round_up(sizeof(shm_control) + (size_t)s->nlocal * sizeof(cx_pool_export), 4096);
+    size_t offers = round_up((size_t)s->nlocal * sizeof(direct_offer), 4096);
+    s->size = control + offers + s->chunk * 2 * (size_t)s->nlocal + s->chunk * 2;
     char name[64];
     snprintf(name, sizeof name, "/conflux-%016llx-%d", (unsigned long long)tag, t->cross_rank);
     int fd = -1;
@@ -169,17 +219,45 @@ cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, cx_shm **out)
                                  local ? msg : "another rank could not map it");
     }
     s->control = (shm_control *)s->base;
-    s->slots = s->base + control;
+    s->offers = (direct_offer *)(s->base + control);
+    s->slots = s->base + control + offers;
     s->results = s->slots + s->chunk * 2 * (size_t)s->nlocal;
+    if ((st = map_peer_pools(s, t))) {
+        cx_shm_destroy(s);
+        return st;
+    }
     *out = s;
     return CFX_OK;
+}
+
+bool cx_shm_direct_ready(const cx_shm *s)
+{
+    return s->peer_pools != NULL;
+}
+
+uint64_t cx_shm_direct_batches(const cx_shm *s)
+{
+    return s->direct_batches;
+}
+
+static void unmap_peer_pools(cx_shm *s)
+{
+    if (!s->peer_pools)
+        return;
+    for (int q = 0; q < s->nlocal; q++)
+        if (s->peer_pools[q])
+            munmap(s->peer_pools[q], (size_t)s->control->pools[q].size);
+    free(s->peer_pools);
+    s->peer_pools = NULL;
 }
 
 void cx_shm_destroy(cx_shm *s)
 {
     if (!s)
         return;
+    unmap_peer_pools(s);
     munmap(s->base, s->size);
+    free(s->strip);
     free(s);
 }
 
@@ -280,6 +358,79 @@ static void reduce_own_block(cx_shm *s, int k, const cx_segment *segs, cursor ow
     }
 }
 
+/* Copies the elements of chunk buffer k (`count` of them, this rank's block [lo, hi)) from the
+ * tensors at cursor `c` into this rank's slot: all but the own block, which goes too when
+ * staged; `*own` gets the cursor at the own block. With `skip` nothing is copied and the cursors
+ * just move on. */
+static void copy_in_chunk(cx_shm *s, int k, const cx_segment *segs, cursor *c, cursor *own,
+                          size_t count, size_t lo, size_t hi, bool stage_own, bool skip,
+                          cfx_dtype dtype, cfx_reduce_op op, double prescale)
+{
+    size_t esize = cfx_dtype_size(dtype);
+    walk_op copy = {WALK_COPY_IN, slot(s, k, s->me), NULL, false, dtype, op, prescale};
+    walk_op pass = {WALK_SKIP, copy.buf, NULL, false, dtype, op, 1.0};
+    walk(segs, c, lo, skip ? &pass : &copy);
+    *own = *c;
+    copy.buf += lo * esize;
+    walk(segs, c, hi - lo, skip || !stage_own ? &pass : &copy);
+    copy.buf += (hi - lo) * esize;
+    walk(segs, c, count - hi, skip ? &pass : &copy);
+}
+
+/* Writes this rank's offer for the direct path (every tensor of the batch, input and output, in
+ * its shared pool, and nothing to prescale) and returns it. */
+static bool offer_direct(cx_shm *s, const cx_segment *segs, size_t nsegs, size_t esize,
+                         double prescale, bool hierarchical)
+{
+    direct_offer *o = &s->offers[s->me];
+    bool ok = s->peer_pools && !hierarchical && prescale == 1.0 && nsegs <= DIRECT_MAX_SEGS;
+    for (size_t i = 0; i < nsegs && ok; i++) {
+        size_t bytes = segs[i].count * esize;
+        o->at[i].src = o->at[i].dst = 0;
+        if (bytes)
+            ok = segs[i].src && segs[i].dst && cx_pool_offset(segs[i].src, bytes, &o->at[i].src) &&
+                 cx_pool_offset(segs[i].dst, bytes, &o->at[i].dst);
+    }
+    o->nsegs = (uint32_t)(ok ? nsegs : 0);
+    o->ok = ok;
+    return ok;
+}
+
+/* The direct path: local rank i reduces block i of the whole batch in strips, straight from every
+ * rank's tensors (the peers' through their pools as mapped here), in local-rank order as the copy
+ * path does, and writes each strip's result into every rank's output, then waits for the others.
+ * No slot, no chunking: each byte is read once and written once per rank. */
+static void direct_allreduce(cx_shm *s, const cx_segment *segs, size_t n, cfx_dtype dtype,
+                             cfx_reduce_op op, double postscale)
+{
+    size_t esize = cfx_dtype_size(dtype), strip = OWN_STRIP_BYTES / esize;
+    size_t lo = block_start(n, s->nlocal, s->me), hi = block_start(n, s->nlocal, s->me + 1);
+    size_t seg = 0, start = 0; /* segment `seg` holds elements [start, start + count) */
+    while (lo < hi) {
+        while (start + segs[seg].count <= lo)
+            start += segs[seg++].count;
+        size_t pos = lo - start;
+        size_t m = segs[seg].count - pos;
+        m = m < strip ? m : strip;
+        m = m < hi - lo ? m : hi - lo;
+        const uint8_t *in[2];
+        for (int q = 0; q < 2; q++)
+            in[q] = (q == s->me ? (const uint8_t *)segs[seg].src
+                                : s->peer_pools[q] + s->offers[q].at[seg].src) + pos * esize;
+        cx_reduce3(s->strip, in[0], in[1], m, dtype, op);
+        for (int q = 2; q < s->nlocal; q++)
+            cx_reduce_into(s->strip, (q == s->me ? (const uint8_t *)segs[seg].src
+                                      : s->peer_pools[q] + s->offers[q].at[seg].src) + pos * esize,
+                           m, dtype, op);
+        for (int q = 0; q < s->nlocal; q++)
+            cx_scale_copy((q == s->me ? (uint8_t *)segs[seg].dst
+                           : s->peer_pools[q] + s->offers[q].at[seg].dst) + pos * esize,
+                          s->strip, m, dtype, postscale);
+        lo += m;
+    }
+    barrier(s);
+}
+
 cfx_status cx_shm_allreduce(cx_shm *s, cx_transport *t, const cx_segment *segs, size_t nsegs,
                             cfx_dtype dtype, cfx_reduce_op op, double prescale, double postscale,
                             bool hierarchical)
@@ -299,20 +450,35 @@ cfx_status cx_shm_allreduce(cx_shm *s, cx_transport *t, const cx_segment *segs, 
     while (in.seg < nsegs && segs[in.seg].count == 0)
         in.seg++;
     out = in;
+    /* A rank offering the direct path skips the first chunk's copy in; if the offer is not taken
+     * it copies in after the barrier, and one more barrier follows. Every rank reads the same
+     * offers, so all take the same path. */
+    bool offered = s->peer_pools && n && offer_direct(s, segs, nsegs, esize, prescale, hierarchical);
     int k = 0;
     for (size_t off = 0; off < n; off += per_chunk, k ^= 1) {
         size_t count = n - off < per_chunk ? n - off : per_chunk;
         size_t lo = block_start(count, s->nlocal, s->me);
         size_t hi = block_start(count, s->nlocal, s->me + 1);
-        walk_op in_op = {WALK_COPY_IN, slot(s, k, s->me), NULL, false, dtype, op, prescale};
-        walk(segs, &in, lo, &in_op);
-        cursor own = in;
-        in_op.buf += lo * esize;
-        walk_op skip_op = {WALK_SKIP, in_op.buf, NULL, false, dtype, op, 1.0};
-        walk(segs, &in, hi - lo, stage_own ? &in_op : &skip_op);
-        in_op.buf += (hi - lo) * esize;
-        walk(segs, &in, count - hi, &in_op);
+        cursor in_first = in, own;
+        copy_in_chunk(s, k, segs, &in, &own, count, lo, hi, stage_own, off == 0 && offered, dtype,
+                      op, prescale);
         barrier(s);
+        if (off == 0 && s->peer_pools) {
+            int takers = 0;
+            for (int q = 0; q < s->nlocal; q++)
+                takers += s->offers[q].ok && s->offers[q].nsegs == nsegs;
+            if (takers == s->nlocal) {
+                direct_allreduce(s, segs, n, dtype, op, postscale);
+                s->direct_batches++;
+                return CFX_OK;
+            }
+            if (takers) { /* some ranks skipped their copy in */
+                if (offered)
+                    copy_in_chunk(s, k, segs, &in_first, &own, count, lo, hi, stage_own, false,
+                                  dtype, op, prescale);
+                barrier(s);
+            }
+        }
         uint8_t *res = s->results + (size_t)k * s->chunk;
         /* The own block goes out before the second barrier (no peer reads this rank's tensors,
          * only its slot): one strip at a time, right after its reduction, while it is in L1.

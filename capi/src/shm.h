@@ -15,6 +15,14 @@
  * Because each element is combined in local-rank order by one rank, the result is bitwise the
  * same on every rank and independent of fusion packing and chunking.
  *
+ * The direct path: when every local rank's tensors of a batch (inputs and outputs) lie in its
+ * shared pool (cfx_alloc, shared_pool.h), which every rank maps at creation, there is nothing to
+ * copy: rank i reduces block i of the whole batch, strip by strip, straight from every rank's
+ * tensors and writes the result into every rank's output, with one barrier at the end. Each rank
+ * offers it in the segment before the first barrier of a batch and all read the offers after it,
+ * so all take the same path; ranks that mix pooled and private tensors, a prescale, hierarchical
+ * mode or a joined rank take the copies. The reduction order is the same, so are the results.
+ *
  * Hierarchical mode (the job spans hosts): after the local reduction, each local rank allreduces
  * its own block across hosts over MPI (the cross communicator), so every local rank drives its own
  * share of the inter-node traffic, then the local copy out distributes the result.
@@ -27,6 +35,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "conflux/conflux.h"
 #include "transport.h"
@@ -36,6 +45,11 @@ typedef struct cx_shm cx_shm;
 /* Maps this host's segment (collective over every rank of `t`). `chunk_bytes` is the slot size. */
 cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, cx_shm **out);
 void cx_shm_destroy(cx_shm *s);
+
+/* Whether every local rank mapped the others' shared pools (else cx_error_message() said why at
+ * creation), and how many batches took the direct path since. */
+bool cx_shm_direct_ready(const cx_shm *s);
+uint64_t cx_shm_direct_batches(const cx_shm *s);
 
 /* One stretch of the logical buffer a reduction covers: `count` elements read from `src` (NULL:
  * the op's identity, for a rank that has joined) and written back to `dst` (NULL: discarded). */

@@ -321,3 +321,34 @@ int mt_main(int argc, char **argv, const char *group_name, const struct CMUnitTe
     MPI_Finalize();
     return any ? 1 : 0;
 }
+
+static int shared_tensors_here(void)
+{
+    const char *v = getenv("CFX_TEST_SHARED_TENSORS");
+    if (!v || !*v || !strcmp(v, "none"))
+        return 0;
+    if (!strcmp(v, "all"))
+        return 1;
+    if (!strcmp(v, "odd"))
+        return mt_rank % 2;
+    fprintf(stderr, "CFX_TEST_SHARED_TENSORS=%s: expected none, all or odd\n", v);
+    abort();
+}
+
+void *mt_tensor_alloc(size_t bytes)
+{
+    void *p = NULL;
+    if (shared_tensors_here())
+        CHECK_OK(cfx_alloc(bytes, &p));
+    else
+        CHECK((p = malloc(bytes ? bytes : 1)) != NULL, "malloc(%zu) failed", bytes);
+    return p;
+}
+
+void mt_tensor_free(void *p)
+{
+    if (shared_tensors_here())
+        CHECK_OK(cfx_free(p));
+    else
+        free(p);
+}

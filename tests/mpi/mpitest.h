@@ -64,6 +64,12 @@ cfx_status mt_wait(cfx_context *ctx, cfx_handle h);
 /* Waits, checks the status is `want`, and releases the handle. */
 void mt_wait_expect(cfx_context *ctx, cfx_handle h, cfx_status want, const char *what);
 
+/* Tensor memory for the tests. CFX_TEST_SHARED_TENSORS selects where it comes from: unset or
+ * "none": malloc; "all": cfx_alloc (shared tensor memory) on every rank; "odd": cfx_alloc on odd
+ * ranks only (a mixed batch). A failed allocation is a test failure (NULL returned). */
+void *mt_tensor_alloc(size_t bytes);
+void mt_tensor_free(void *p);
+
 /* Element access through double. put() rounds to nearest even for float16/bfloat16 and converts
  * integers exactly (callers keep values in range); bool stores v != 0. */
 void mt_put(void *buf, cfx_dtype dt, size_t i, double v);

@@ -37,8 +37,8 @@ typedef struct case_buf {
 static void fill_case(case_buf *c)
 {
     size_t es = cfx_dtype_size(c->dt);
-    c->in = malloc(c->n * es + 1);
-    c->out = c->in_place ? c->in : malloc(c->n * es + 1);
+    c->in = mt_tensor_alloc(c->n * es + 1);
+    c->out = c->in_place ? c->in : mt_tensor_alloc(c->n * es + 1);
     for (size_t i = 0; i < c->n; i++)
         mt_put(c->in, c->dt, i, mt_value(c->dt, c->op, mt_rank, c->t, i));
     if (!c->in_place)
@@ -111,8 +111,8 @@ static void free_cases(case_buf *cases, size_t ncases)
 {
     for (size_t k = 0; k < ncases; k++) {
         if (cases[k].out != cases[k].in)
-            free(cases[k].out);
-        free(cases[k].in);
+            mt_tensor_free(cases[k].out);
+        mt_tensor_free(cases[k].in);
     }
     free(cases);
 }
@@ -278,7 +278,7 @@ static void test_larger_than_fusion_threshold(void **state)
         n[t] = t == 0 ? (size_t)3 << 20 : t == 1 ? 300000 : t == 2 ? 40000 : (size_t)(100 + t * 37);
         dt[t] = t == 1 ? CFX_INT32 : t == 2 ? CFX_FLOAT64 : CFX_FLOAT32;
         op[t] = t % 4 == 3 ? CFX_OP_AVERAGE : CFX_OP_SUM;
-        buf[t] = malloc(n[t] * cfx_dtype_size(dt[t]));
+        buf[t] = mt_tensor_alloc(n[t] * cfx_dtype_size(dt[t]));
         for (size_t i = 0; i < n[t]; i++)
             mt_put(buf[t], dt[t], i, (double)((mt_rank * 31 + (long)i * 7 + t) % 1009));
     }
@@ -311,7 +311,7 @@ static void test_larger_than_fusion_threshold(void **state)
         }
         CHECK(mt_identical_across_ranks(buf[t], n[t] * cfx_dtype_size(dt[t])),
               "large.%d differs across ranks", t);
-        free(buf[t]);
+        mt_tensor_free(buf[t]);
     }
     mt_close(ctx);
     mt_finish();
@@ -330,7 +330,7 @@ static void test_many_small(void **state)
     int order[NT];
     for (int t = 0; t < NT; t++) {
         n[t] = (size_t)(1 + t % 17);
-        buf[t] = malloc(n[t] * 8);
+        buf[t] = mt_tensor_alloc(n[t] * 8);
         for (size_t i = 0; i < n[t]; i++)
             mt_put(buf[t], kinds[t % 4], i, (double)((mt_rank + 1) * (t % 13) + (long)i));
         order[t] = t;
@@ -354,7 +354,7 @@ static void test_many_small(void **state)
         }
         CHECK(mt_identical_across_ranks(buf[t], n[t] * cfx_dtype_size(kinds[t % 4])),
               "small.%d differs across ranks", t);
-        free(buf[t]);
+        mt_tensor_free(buf[t]);
     }
     mt_close(ctx);
     mt_finish();
@@ -427,7 +427,7 @@ static void test_resnet50_random_order(void **state)
     uint64_t *hashes = calloc((size_t)nt, sizeof *hashes);
     size_t total = 0;
     for (int t = 0; t < nt; t++) {
-        buf[t] = malloc(rn[t].n * sizeof(float));
+        buf[t] = mt_tensor_alloc(rn[t].n * sizeof(float));
         total += rn[t].n;
     }
     CHECK(total == 25557032, "ResNet-50 has %zu parameters, expected 25557032", total);
@@ -468,7 +468,7 @@ static void test_resnet50_random_order(void **state)
               "step %d: ResNet-50 results differ across ranks", step);
     }
     for (int t = 0; t < nt; t++)
-        free(buf[t]);
+        mt_tensor_free(buf[t]);
     free(buf);
     free(h);
     free(order);
@@ -677,8 +677,8 @@ static void test_deterministic_mode(void **state)
     double *g[NRUN][DT_NT];
     for (int k = 0; k < NRUN; k++)
         for (int t = 0; t < DT_NT; t++) {
-            f[k][t] = malloc(det_n(t) * sizeof(float));
-            g[k][t] = malloc(det_n(t) * sizeof(double));
+            f[k][t] = mt_tensor_alloc(det_n(t) * sizeof(float));
+            g[k][t] = mt_tensor_alloc(det_n(t) * sizeof(double));
         }
     det_run(0, 64 << 20, 1, 0, f[0], g[0]);
     det_run(64 << 20, 4096, 1, 1, f[1], g[1]);
@@ -720,8 +720,8 @@ static void test_deterministic_mode(void **state)
                "default mode %zu differ (allowed)\n", diff_det, DT_NT, diff_default);
     for (int k = 0; k < NRUN; k++)
         for (int t = 0; t < DT_NT; t++) {
-            free(f[k][t]);
-            free(g[k][t]);
+            mt_tensor_free(f[k][t]);
+            mt_tensor_free(g[k][t]);
         }
     mt_finish();
 }
