@@ -11,11 +11,15 @@
  *   caller's memory (zero copy) and nothing here depends on numpy or torch headers.
  * - The module is built with `-threads`: the GIL is released around every C call; cfx_py_wait
  *   releases it itself so that it can wake up for signals (Ctrl-C) while it waits.
+ * - Shared tensor memory (cfx_alloc) crosses as an int address plus an owner object whose
+ *   destructor calls cfx_free (cfx_py_alloc), so Python's refcounting decides when a block goes.
  */
 
 %{
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* One exception class per status (index = status value), created at module init. */
 static PyObject *cfx_py_exc[CFX_ERR_NCCL + 1];
@@ -219,6 +223,59 @@ static int cfx_py_handle_status(cfx_context *ctx, uint64_t handle) {
     return (int)cfx_handle_status(ctx, (cfx_handle)handle);
 }
 
+/* ---- shared tensor memory ---- */
+
+#define CFX_PY_BLOCK "conflux.shared_block"
+
+/* The destructor of a block's owner, run when the last reference to the owner goes, so once per
+ * block. It runs from deallocation, where an exception may already be set (saved around it) and
+ * raising is impossible (a failure is reported as unraisable). The owner records the allocating
+ * process: a forked child inherits the mapping but not the pool, and its copies free nothing. */
+static void cfx_py_block_free(PyObject *owner) {
+    void *ptr = PyCapsule_GetPointer(owner, CFX_PY_BLOCK);
+    if (ptr == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    if ((pid_t)(intptr_t)PyCapsule_GetContext(owner) != getpid()) return;
+    cfx_status st;
+    Py_BEGIN_ALLOW_THREADS /* cfx_free gives large blocks' pages back to the kernel */
+    st = cfx_free(ptr);
+    Py_END_ALLOW_THREADS
+    if (st != CFX_OK) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        char msg[512];
+        snprintf(msg, sizeof msg, "releasing a collected array's shared tensor memory: %s",
+                 cfx_last_error());
+        cfx_py_raise((int)st, msg);
+        PyErr_WriteUnraisable(NULL); /* not `owner`: a reference to it now would deallocate it twice */
+        PyErr_Restore(type, value, tb);
+    }
+}
+
+/* cfx_alloc -> (address, owner): the block lives as long as `owner` (a capsule) is referenced. The
+ * allocation and its owner come from one call so that no exception can fall between them and leak
+ * the block. */
+static PyObject *cfx_py_alloc(size_t bytes) {
+    void *ptr = NULL;
+    cfx_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = cfx_alloc(bytes, &ptr);
+    Py_END_ALLOW_THREADS
+    if (st != CFX_OK) {
+        cfx_py_raise((int)st, cfx_last_error());
+        return NULL;
+    }
+    PyObject *owner = PyCapsule_New(ptr, CFX_PY_BLOCK, cfx_py_block_free);
+    if (owner == NULL) {
+        cfx_free(ptr);
+        return NULL;
+    }
+    (void)PyCapsule_SetContext(owner, (void *)(intptr_t)getpid()); /* cannot fail on a capsule */
+    return Py_BuildValue("(NN)", PyLong_FromVoidPtr(ptr), owner);
+}
+
 /* Raises the exception class of `status` with `message` (lets Python code raise the same classes). */
 static PyObject *cfx_py_raise_status(int status, const char *message) {
     cfx_py_raise(status, message);
@@ -255,6 +312,9 @@ static PyObject *cfx_py_raise_status(int status, const char *message) {
 %typemap(argout) int *out { $result = SWIG_Python_AppendOutput($result, PyLong_FromLong(tmp$argnum)); }
 %typemap(in, numinputs=0) size_t *out (size_t tmp = 0) { $1 = &tmp; }
 %typemap(argout) size_t *out { $result = SWIG_Python_AppendOutput($result, PyLong_FromSize_t(tmp$argnum)); }
+/* cfx_alloc: the address as an int (the package uses cfx_py_alloc, which also frees it). */
+%typemap(in, numinputs=0) void **out (void *tmp = NULL) { $1 = &tmp; }
+%typemap(argout) void **out { $result = SWIG_Python_AppendOutput($result, PyLong_FromVoidPtr(tmp$argnum)); }
 %typemap(in, numinputs=0) cfx_tensor *out (cfx_tensor tmp) { memset(&tmp, 0, sizeof tmp); $1 = &tmp; }
 %typemap(argout) cfx_tensor *out {
     PyObject *desc = cfx_py_tensor_tuple(&tmp$argnum);
@@ -288,6 +348,10 @@ static PyObject *cfx_py_raise_status(int status, const char *message) {
 }
 %typemap(in) void *output, void *dst {
     if (cfx_py_pointer($input, &$1, "output address") < 0) SWIG_fail;
+}
+/* cfx_free: an int address (None: NULL, a no-op). */
+%typemap(in) void *ptr {
+    if (cfx_py_pointer($input, &$1, "address") < 0) SWIG_fail;
 }
 /* outputs: None (all in place) or a sequence of addresses/None. */
 %typemap(in) void *const *outputs (void **tmp = NULL) {
@@ -340,6 +404,8 @@ static PyObject *cfx_py_raise_status(int status, const char *message) {
 
 %nothread cfx_py_wait;
 %nothread cfx_py_raise_status;
+%nothread cfx_py_alloc;
 PyObject *cfx_py_wait(cfx_context *ctx, uint64_t handle, double timeout_s);
+PyObject *cfx_py_alloc(size_t bytes);
 int cfx_py_handle_status(cfx_context *ctx, uint64_t handle);
 PyObject *cfx_py_raise_status(int status, const char *message);

@@ -11,8 +11,11 @@ Every collective exists as a blocking function and an `_async` form that returns
 `conflux.synchronize(handle)`, test with `conflux.poll(handle)`); names ending in `_` work in place.
 Errors decided across ranks (a mismatch, a stall, a lost peer, shut down) raise ConfluxError
 subclasses at synchronize on every rank; bad local arguments raise ValueError/TypeError at the call.
-PyTorch: `conflux.torch`; Horovod scripts: `conflux.horovod.torch`.
+`shared_array` allocates arrays in shared tensor memory, which makes large CPU allreduces on one
+host cheaper. PyTorch: `conflux.torch`; Horovod scripts: `conflux.horovod.torch`.
 """
+import math as _math
+
 import numpy as _np
 
 from . import _capi
@@ -40,6 +43,7 @@ __all__ = [
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
     "grouped_reducescatter", "grouped_reducescatter_async",
     "barrier", "barrier_async", "join", "join_async", "poll", "synchronize", "Handle",
+    "shared_array",
 ] + list(_core.ERROR_NAMES)
 
 # ---- numpy dtypes <-> ABI dtypes ----
@@ -101,6 +105,19 @@ def _input(a):
 def _allocate(code, shape):
     out = _np.empty(shape, dtype=_CFX_TO_NP[code])
     return out, out.__array_interface__["data"][0], out.nbytes
+
+
+def shared_array(shape, dtype=_np.float32):
+    """A new C-contiguous array in shared tensor memory (cfx_alloc), contents undefined like
+    numpy.empty. The other ranks on this host read and write it directly, so a CPU allreduce whose
+    tensors lie in such memory on every local rank skips the copies through Conflux's buffers.
+    Works before init(). The memory is freed when the array and every view of it (and every torch
+    tensor made from it) have been collected, and not before a collective using it completed.
+    OutOfMemoryError when the pool (CFX_SHARED_POOL_BYTES) has no room."""
+    dtype = _np.dtype(dtype)
+    _dtype_code(dtype)
+    shape = _core.check_shape(shape)
+    return _core.shared_bytes(_math.prod(shape) * dtype.itemsize).view(dtype).reshape(shape)
 
 
 def _scale(v, what):

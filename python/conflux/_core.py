@@ -4,10 +4,14 @@ Owns the module-level context (created by init(), freed by shutdown()), the Hand
 a cfx_handle, and the exception classes. Collectives are submitted through submit(): the caller
 passes the low-level function from conflux._capi, its arguments (tensor descriptions are tuples
 `(address, dtype, shape[, device[, stream]])`), the objects that must stay alive until the collective
-completes, and a function that turns the completed handle into the result.
+completes, and a function that turns the completed handle into the result. Shared tensor memory
+(cfx_alloc) is handed out here too, as numpy arrays that keep the block alive.
 """
 import atexit
+import operator
 import threading
+
+import numpy as _np
 
 from . import _capi
 from . import _capi_native as _native
@@ -415,6 +419,48 @@ def barrier_async():
 
 def join_async():
     return submit(_capi.cfx_join_async, (), None, lambda h: h.join_rank(), "join")
+
+
+# ---- shared tensor memory ----
+_SIZE_MAX = (1 << 64) - 1
+
+
+class _SharedBlock:
+    """One cfx_alloc block as numpy sees it (bytes, through __array_interface__). The array made
+    from it has it as its base, every numpy view of that array and every torch tensor made from it
+    (torch.from_numpy) holds that array, and a handle holds the arrays/tensors of its collective
+    until it completes; so the block lives while anything can still reach its memory. It goes with
+    `_owner`, whose destructor calls cfx_free once (in C: it needs no module state, which may be
+    gone when the last arrays are collected at interpreter exit)."""
+
+    __slots__ = ("_owner", "__array_interface__", "__weakref__")
+
+    def __init__(self, nbytes):
+        if nbytes > _SIZE_MAX:  # beyond size_t: SWIG would say only OverflowError
+            raise OutOfMemoryError("cfx_alloc: %d bytes is more than any pool" % nbytes)
+        address, self._owner = _capi.cfx_py_alloc(nbytes)
+        self.__array_interface__ = {"data": (address, False), "shape": (nbytes,), "typestr": "|u1",
+                                    "version": 3}
+
+
+def shared_bytes(nbytes):
+    """A new 1-D uint8 array of `nbytes` bytes of shared tensor memory (contents undefined);
+    OutOfMemoryError/ConfigError with the library's message when the pool refuses."""
+    return _np.asarray(_SharedBlock(nbytes))
+
+
+def check_shape(shape):
+    """`shape` (an int, or a sequence of ints) as a tuple of ints >= 0."""
+    try:
+        shape = (operator.index(shape),)
+    except TypeError:
+        try:
+            shape = tuple(operator.index(d) for d in shape)
+        except TypeError:
+            raise TypeError("shape must be an int or a sequence of ints, not %r" % (shape,)) from None
+    if any(d < 0 for d in shape):
+        raise ValueError("negative dimensions are not allowed (shape %r)" % (shape,))
+    return shape
 
 
 def check_splits(splits):

@@ -9,8 +9,12 @@ contiguous first); in-place ones (`..._`) need contiguous tensors.
     cfx.init()
     opt = cfx.DistributedOptimizer(opt, named_parameters=model.named_parameters())
     cfx.broadcast_parameters(model.state_dict(), root_rank=0)
+
+`shared_empty` / `shared_zeros` make CPU tensors in shared tensor memory (large CPU allreduces on
+one host get cheaper; see conflux.shared_array).
 """
 import contextlib
+import math
 import pickle
 import warnings
 
@@ -41,7 +45,7 @@ __all__ = [
     "barrier", "join", "poll", "synchronize", "Handle",
     "DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state",
     "broadcast_object", "allgather_object", "Compression", "Compressor", "NoneCompressor",
-    "FP16Compressor",
+    "FP16Compressor", "shared_empty", "shared_zeros",
 ] + list(_core.ERROR_NAMES)
 
 # ---- torch dtypes <-> ABI dtypes ----
@@ -62,14 +66,19 @@ if hasattr(torch, "uint16"):  # torch >= 2.3
 _CFX_TO_TORCH = {code: dt for dt, code in _TORCH_TO_CFX.items()}
 
 
+def _check_dtype(dtype):
+    if dtype not in _TORCH_TO_CFX:
+        raise _core.DtypeError("Tensor type %s is not supported by Conflux; supported: %s"
+                        % (dtype, ", ".join(str(d) for d in _TORCH_TO_CFX)))
+    return _TORCH_TO_CFX[dtype]
+
+
 def _check_tensor(t, what):
     if not isinstance(t, torch.Tensor):
         raise TypeError("%s needs a torch.Tensor, not %s" % (what, type(t).__name__))
     if t.layout != torch.strided:
         raise TypeError("%s needs a dense (strided) tensor, not %s" % (what, t.layout))
-    if t.dtype not in _TORCH_TO_CFX:
-        raise _core.DtypeError("Tensor type %s is not supported by Conflux; supported: %s"
-                        % (t.dtype, ", ".join(str(d) for d in _TORCH_TO_CFX)))
+    _check_dtype(t.dtype)
 
 
 def _describe(t):
@@ -115,6 +124,24 @@ def _scale(v, what):
         return float(v)
     except (TypeError, ValueError):
         raise TypeError("%s must be a number" % what) from None
+
+
+# ---- shared tensor memory ----
+def shared_empty(*size, dtype=torch.float32):
+    """A new contiguous CPU tensor in shared tensor memory (cfx_alloc), contents undefined like
+    torch.empty; `size` as for torch.empty (ints, or one sequence). The tensor wraps a numpy
+    array over the block (torch.from_numpy, then a dtype view: bfloat16 has no numpy dtype), so the
+    memory lives while the tensor, any view of it or a collective using it does
+    (conflux.shared_array has the rest)."""
+    code = _check_dtype(dtype)
+    shape = _core.check_shape(size[0] if len(size) == 1 else size)
+    raw = _core.shared_bytes(math.prod(shape) * _core.dtype_size(code))
+    return torch.from_numpy(raw).view(dtype).view(shape)
+
+
+def shared_zeros(*size, dtype=torch.float32):
+    """shared_empty, filled with zeros (which commits its pages)."""
+    return shared_empty(*size, dtype=dtype).zero_()
 
 
 def poll(handle):
