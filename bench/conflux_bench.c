@@ -9,9 +9,11 @@
  *   model    ResNet-50, VGG-16, BERT-base gradient sets (bench/workloads/NAME.tsv): every tensor submitted
  *            in reverse registration order, then wait for all
  *   many     1,000 and 10,000 tensors of 1 KiB
- * Methods: conflux (async allreduce of every tensor, wait all, release), mpi_flat (one MPI_Allreduce
- * of the step's total bytes in one flat buffer), mpi_per_tensor (one MPI_Allreduce per tensor, same
- * order), mpi_chunk_{1,4,16}M (the flat buffer as sequential chunks).
+ * Methods: conflux (async allreduce of every tensor, wait all, release), conflux_shared (the same step
+ * with every tensor in Conflux's shared tensor memory, cfx_alloc, which lets the engine reduce straight
+ * from every local rank's tensors), mpi_flat (one MPI_Allreduce of the step's total bytes in one flat
+ * buffer), mpi_per_tensor (one MPI_Allreduce per tensor, same order), mpi_chunk_{1,4,16}M (the flat
+ * buffer as sequential chunks).
  * Timing: MPI_Barrier, then MPI_Wtime around the step on every rank; the max over ranks of each repeat
  * (MPI_Reduce MAX) goes into the median/min/max. Warm-up repeats are not recorded.
  * Schedule (--schedule): blocks (default) runs, per workload, the baselines (each repeat times every
@@ -19,8 +21,10 @@
  * alive, then a fresh context for the Conflux rows: an idle context's background thread (a bit-vector
  * allreduce every cycle) would otherwise tax the baselines. interleave keeps one context for the run
  * and puts Conflux into the same rounds as the baselines (the mixed-MPI-user case); phases runs all
- * baselines first, then one context. MPI runs at MPI_THREAD_MULTIPLE throughout, as Conflux needs.
- * Every Conflux workload is checked once per run before timing: rank r contributes
+ * baselines first, then one context. The Conflux rows are conflux and conflux_shared, timed in the same
+ * rounds of the same context (each on its own copy of the tensors), so that their ratio comes from the
+ * same rounds too. MPI runs at MPI_THREAD_MULTIPLE throughout, as Conflux needs.
+ * Every Conflux method is checked once per workload before timing: rank r contributes
  * (r + 1) + ((7 i + j) mod 13) to element j of tensor i; the sum is known exactly.
  *
  * --smoke: every workload once (no warm-up), results checked, nothing timed is asserted; exit 0/1.
@@ -50,7 +54,6 @@ typedef struct tensor_desc {
     int ndim;
     int64_t shape[MAX_DIMS];
     size_t count; /* elements */
-    float *data;  /* per-tensor buffer (allocated while the workload runs) */
 } tensor_desc;
 
 typedef struct workload {
@@ -238,40 +241,85 @@ static void write_spec(const char *path) {
 
 /* ---- buffers and the known-value pattern ------------------------------------------------------ */
 
-static void alloc_tensors(workload *w) {
-    for (size_t i = 0; i < w->n; i++) {
-        w->t[i].data = xmalloc(w->t[i].count * sizeof(float));
-        memset(w->t[i].data, 0, w->t[i].count * sizeof(float)); /* first touch outside timing */
+/* Where a copy of a workload's tensors lives: private memory, or Conflux's shared tensor memory. */
+typedef enum placement { PLACE_PRIVATE, PLACE_SHARED } placement;
+
+#if CFX_BENCH_HAVE_CONFLUX
+static void cfx_check(cfx_status s, const char *what) {
+    if (s != CFX_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s: %s (%s)", what, cfx_status_string(s), cfx_last_error());
+        die(msg);
     }
 }
 
-static void free_tensors(workload *w) {
-    for (size_t i = 0; i < w->n; i++) {
-        free(w->t[i].data);
-        w->t[i].data = NULL;
+/* cfx_check for cfx_alloc / cfx_free of tensor i of w: the message names the workload and the bytes. */
+static void cfx_check_tensor(cfx_status s, const char *call, const workload *w, size_t i) {
+    if (s != CFX_OK) {
+        char what[256];
+        snprintf(what, sizeof what, "%s(%zu bytes) for %s of workload %s", call, w->t[i].count * sizeof(float),
+                 w->t[i].name, w->name);
+        cfx_check(s, what);
     }
+}
+#endif
+
+/* One buffer per tensor of w (data[i] holds tensor i), touched once so that no first-touch page fault
+ * falls into the timing. */
+static float **alloc_tensors(workload *w, placement p) {
+    float **data = xmalloc(w->n * sizeof *data);
+    for (size_t i = 0; i < w->n; i++) {
+        size_t bytes = w->t[i].count * sizeof(float);
+        if (p == PLACE_PRIVATE) {
+            data[i] = xmalloc(bytes);
+        } else {
+#if CFX_BENCH_HAVE_CONFLUX
+            void *q = NULL;
+            cfx_check_tensor(cfx_alloc(bytes, &q), "cfx_alloc", w, i);
+            data[i] = q;
+#else
+            die("shared tensor memory needs Conflux");
+#endif
+        }
+        memset(data[i], 0, bytes);
+    }
+    return data;
+}
+
+static void free_tensors(workload *w, float **data, placement p) {
+    if (!data) return;
+    for (size_t i = 0; i < w->n; i++) {
+        if (p == PLACE_PRIVATE) {
+            free(data[i]);
+        } else {
+#if CFX_BENCH_HAVE_CONFLUX
+            cfx_check_tensor(cfx_free(data[i]), "cfx_free", w, i);
+#endif
+        }
+    }
+    free(data);
 }
 
 #if CFX_BENCH_HAVE_CONFLUX
-static void zero_tensors(workload *w) {
-    for (size_t i = 0; i < w->n; i++) memset(w->t[i].data, 0, w->t[i].count * sizeof(float));
+static void zero_tensors(workload *w, float **data) {
+    for (size_t i = 0; i < w->n; i++) memset(data[i], 0, w->t[i].count * sizeof(float));
 }
 
 static float pattern(int rank, size_t i, size_t j) { return (float)(rank + 1) + (float)((7 * i + j) % 13); }
 
-static void fill_pattern(workload *w) {
+static void fill_pattern(workload *w, float **data) {
     for (size_t i = 0; i < w->n; i++)
-        for (size_t j = 0; j < w->t[i].count; j++) w->t[i].data[j] = pattern(g_rank, i, j);
+        for (size_t j = 0; j < w->t[i].count; j++) data[i][j] = pattern(g_rank, i, j);
 }
 
 /* 1 when every element equals the sum over ranks of pattern(). */
-static int check_pattern(workload *w, char *why, size_t whylen) {
+static int check_pattern(workload *w, float **data, char *why, size_t whylen) {
     const float base = (float)(g_size * (g_size + 1) / 2);
     for (size_t i = 0; i < w->n; i++)
         for (size_t j = 0; j < w->t[i].count; j++) {
             float want = base + (float)g_size * (float)((7 * i + j) % 13);
-            if (w->t[i].data[j] != want) {
-                snprintf(why, whylen, "%s element %zu = %g, want %g", w->t[i].name, j, (double)w->t[i].data[j],
+            if (data[i][j] != want) {
+                snprintf(why, whylen, "%s element %zu = %g, want %g", w->t[i].name, j, (double)data[i][j],
                          (double)want);
                 return 0;
             }
@@ -355,9 +403,9 @@ static void step_mpi_flat(workload *w, void *arg) {
 }
 
 static void step_mpi_per_tensor(workload *w, void *arg) {
-    (void)arg;
+    float **data = arg;
     for (size_t i = w->n; i-- > 0;)
-        MPI_Allreduce(MPI_IN_PLACE, w->t[i].data, (int)w->t[i].count, MPI_FLOAT, MPI_SUM, g_comm);
+        MPI_Allreduce(MPI_IN_PLACE, data[i], (int)w->t[i].count, MPI_FLOAT, MPI_SUM, g_comm);
 }
 
 /* ---- Conflux ----------------------------------------------------------------------------------- */
@@ -366,20 +414,13 @@ static void step_mpi_per_tensor(workload *w, void *arg) {
 typedef struct cfx_arg {
     cfx_context *ctx;
     cfx_handle *h;
+    float **data; /* the tensors (one copy per Conflux method) */
 } cfx_arg;
-
-static void cfx_check(cfx_status s, const char *what) {
-    if (s != CFX_OK) {
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s: %s (%s)", what, cfx_status_string(s), cfx_last_error());
-        die(msg);
-    }
-}
 
 static void step_conflux(workload *w, void *arg) {
     cfx_arg *a = arg;
     for (size_t i = w->n; i-- > 0;) { /* gradients arrive in roughly reverse registration order */
-        cfx_tensor t = {w->t[i].data, w->t[i].shape, w->t[i].ndim, CFX_FLOAT32, CFX_DEVICE_CPU, NULL};
+        cfx_tensor t = {a->data[i], w->t[i].shape, w->t[i].ndim, CFX_FLOAT32, CFX_DEVICE_CPU, NULL};
         cfx_check(cfx_allreduce_async(a->ctx, w->t[i].name, &t, NULL, CFX_OP_SUM, 1.0, 1.0, &a->h[i]),
                   "cfx_allreduce_async");
     }
@@ -394,33 +435,43 @@ static void step_conflux(workload *w, void *arg) {
         cfx_check(cfx_handle_release(a->ctx, a->h[i]), "cfx_handle_release");
     }
 }
+
+/* Checks step_conflux on a's tensors once (this also warms the cache), zeroes them again and adds the
+ * method to ms. Every rank learns whether all ranks got the exact sums. */
+static void add_conflux_method(workload *w, const char *name, cfx_arg *a, method *ms, int *nm) {
+    fill_pattern(w, a->data);
+    step_conflux(w, a);
+    char why[256] = "";
+    int ok = check_pattern(w, a->data, why, sizeof why), all_ok = 0;
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, g_comm);
+    if (!ok) fprintf(stderr, "[rank %d] CHECK FAILED %s %s: %s\n", g_rank, w->name, name, why);
+    if (!all_ok) g_failures++;
+    zero_tensors(w, a->data);
+    ms[(*nm)++] = (method){name, step_conflux, a, all_ok ? "ok" : "FAIL", NULL};
+}
 #else
 typedef struct cfx_context cfx_context;
 #endif
 
 /* ---- one workload ------------------------------------------------------------------------------ */
 
-/* Runs the workload's methods: Conflux when ctx is set, the MPI baselines when `baselines`. */
+/* Runs the workload's methods: Conflux (conflux, conflux_shared) when ctx is set, the MPI baselines
+ * when `baselines`. conflux and the baselines share the private tensors; conflux_shared has its own. */
 static void run_workload(workload *w, mode m, cfx_context *ctx, int baselines) {
     method ms[8];
     int nm = 0;
     flat_arg fa[4] = {{NULL, 0}};
     static const size_t chunks_mib[] = {1, 4, 16};
     static const char *chunk_names[] = {"mpi_chunk_1M", "mpi_chunk_4M", "mpi_chunk_16M"};
-    alloc_tensors(w);
+    float **priv = alloc_tensors(w, PLACE_PRIVATE), **shared = NULL;
 #if CFX_BENCH_HAVE_CONFLUX
-    cfx_arg ca = {ctx, NULL};
+    cfx_arg ca = {ctx, NULL, priv}, cs = {ctx, NULL, NULL};
     if (ctx) {
         ca.h = xmalloc(w->n * sizeof(cfx_handle));
-        fill_pattern(w); /* checked once per run, before timing (this also warms the cache) */
-        step_conflux(w, &ca);
-        char why[256] = "";
-        int ok = check_pattern(w, why, sizeof why), all_ok = 0;
-        MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, g_comm);
-        if (!ok) fprintf(stderr, "[rank %d] CHECK FAILED %s: %s\n", g_rank, w->name, why);
-        if (!all_ok) g_failures++;
-        zero_tensors(w);
-        ms[nm++] = (method){"conflux", step_conflux, &ca, all_ok ? "ok" : "FAIL", NULL};
+        cs.h = xmalloc(w->n * sizeof(cfx_handle));
+        cs.data = shared = alloc_tensors(w, PLACE_SHARED);
+        add_conflux_method(w, "conflux", &ca, ms, &nm);
+        add_conflux_method(w, "conflux_shared", &cs, ms, &nm);
     }
 #else
     (void)ctx;
@@ -438,7 +489,7 @@ static void run_workload(workload *w, mode m, cfx_context *ctx, int baselines) {
         }
         fa[0] = (flat_arg){flat, 0};
         ms[nm++] = (method){"mpi_flat", step_mpi_flat, &fa[0], "-", NULL};
-        if (w->n > 1) ms[nm++] = (method){"mpi_per_tensor", step_mpi_per_tensor, NULL, "-", NULL};
+        if (w->n > 1) ms[nm++] = (method){"mpi_per_tensor", step_mpi_per_tensor, priv, "-", NULL};
         for (size_t k = 0; k < 3; k++) {
             fa[k + 1] = (flat_arg){flat, (chunks_mib[k] << 20) / sizeof(float)};
             if (w->total > fa[k + 1].chunk) /* else identical to mpi_flat */
@@ -447,9 +498,11 @@ static void run_workload(workload *w, mode m, cfx_context *ctx, int baselines) {
     }
     time_methods(w, ms, nm);
     free(fa[0].buf);
-    free_tensors(w);
+    free_tensors(w, priv, PLACE_PRIVATE);
+    free_tensors(w, shared, PLACE_SHARED);
 #if CFX_BENCH_HAVE_CONFLUX
     free(ca.h);
+    free(cs.h);
 #endif
 }
 

@@ -5,6 +5,7 @@
 --   local g = cfx.array("float32", n)          -- typed array: zero-copy, 1-based, #g
 --   cfx.allreduce(g, { op = "average", name = "grad" })
 --   local t = cfx.allreduce({ 1, 2, 3 }, "sum") -- tables work too (copied in and out)
+--   local s = cfx.shared_array("float32", n)   -- in shared tensor memory: reduced without copies
 --   cfx.shutdown()
 --
 -- Every collective has a blocking form (`allreduce`) and an async form (`allreduce_async`) that
@@ -70,6 +71,7 @@ local OP = { sum = C "CFX_OP_SUM", average = C "CFX_OP_AVERAGE", min = C "CFX_OP
 local TRANSPORT = { auto = C "CFX_TRANSPORT_AUTO", mpi = C "CFX_TRANSPORT_MPI",
                     ["local"] = C "CFX_TRANSPORT_LOCAL" }
 local ERR_TIMEOUT = C "CFX_ERR_TIMEOUT"
+local ERR_OUT_OF_MEMORY = C "CFX_ERR_OUT_OF_MEMORY"
 M.dtypes = {}
 for name in pairs(DTYPE) do M.dtypes[#M.dtypes + 1] = name end
 table.sort(M.dtypes)
@@ -97,6 +99,30 @@ function M.array(dtype, n_or_table)
 end
 
 M.is_array = core.is_array
+
+--- cfx.shared_array(dtype, n | table): like cfx.array, with the elements in shared tensor memory,
+-- which the other ranks on this host map: a CPU allreduce whose data lies in it on every local
+-- rank is reduced straight from every rank's array, without the copies through the engine's
+-- shared-memory slots (results are the same either way; ranks may mix). Not tied to a context: it
+-- may be made before cfx.init() and outlive cfx.shutdown(). Freed by the GC, or at once by
+-- cfx.free_shared(a). a:copy() and the results of allgather etc. are private arrays.
+function M.shared_array(dtype, n_or_table)
+  local code = dtype_code(dtype, 2)
+  local a, st, msg = core.shared_array_new(code, n_or_table)
+  if not a and st == ERR_OUT_OF_MEMORY then
+    -- the GC does not see the pool, so arrays nobody references may be what fills it; a full
+    -- collection runs their __gc before it returns
+    collectgarbage()
+    a, st, msg = core.shared_array_new(code, n_or_table)
+  end
+  if not a then raise(st, msg, 2) end
+  return a
+end
+
+--- True for an array from cfx.shared_array that was not freed.
+function M.is_shared(a)
+  return core.array_state(a) == "shared"
+end
 
 -- ---- context ------------------------------------------------------------------------------------
 
@@ -296,7 +322,9 @@ end
 
 -- The typed array to run on: `data` itself, or a copy of a table (then also returns the table).
 local function operand(data, opts, level)
-  if core.is_array(data) then
+  local state = core.array_state(data)
+  if state == "freed" then argerror("the shared array was freed", level + 1) end
+  if state then
     if opts.dtype ~= nil and opts.dtype ~= data:dtype() then
       argerror("the array holds " .. data:dtype() .. ", not " .. tostring(opts.dtype), level + 1)
     end
@@ -451,6 +479,30 @@ end
 
 --- Wall-clock seconds (for timing; os.clock() is CPU time).
 M.clock = core.clock
+
+-- ---- shared tensor memory -----------------------------------------------------------------------
+
+--- cfx.free_shared(a): gives the memory of a shared array back now instead of at its collection;
+-- the array is unusable afterwards (using it raises). Refused (invalid_argument, nothing freed) for
+-- an array that is not shared, already freed, or in flight in a collective: the engine and the
+-- other ranks may still read and write it, so wait for its handle first.
+function M.free_shared(a)
+  local state = core.array_state(a)
+  if state == "freed" then argerror("the shared array was already freed", 2) end
+  if state ~= "shared" then
+    argerror("free_shared takes an array from cfx.shared_array, got " ..
+             (state and "a private array (cfx.array)" or type(a)), 2)
+  end
+  for h in pairs(pending) do
+    -- poll() may finish h and clear pending[h]: allowed while traversing
+    if h._array == a and not h:poll() then argerror("the shared array is in flight in " .. tostring(h), 2) end
+  end
+  for _, h in ipairs(leaked) do
+    if h._array == a then argerror("the shared array is held by " .. tostring(h) .. " for good", 2) end
+  end
+  local ok, st, msg = core.shared_array_free(a)
+  if not ok then raise(st, msg, 2) end
+end
 
 -- ---- shutdown -----------------------------------------------------------------------------------
 

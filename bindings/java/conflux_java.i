@@ -12,7 +12,9 @@
  *   the Java side turns into exceptions. Returning a sentinel instead of throwing from C keeps the
  *   exception mapping in one Java place (ConfluxException.of).
  * - Memory: direct buffers are used in place (cfxj_buffer_address); Java arrays are staged in
- *   malloc'd memory (cfxj_stage / cfxj_unstage / cfxj_free), owned by the Java Handle.
+ *   malloc'd memory (cfxj_stage / cfxj_unstage / cfxj_free), owned by the Java Handle. Shared
+ *   tensor memory (cfx_alloc) reaches Java only as a direct buffer over the block
+ *   (cfxj_shared_alloc / cfxj_shared_free); SharedMemory.java owns the blocks.
  */
 
 %include <enumtypeunsafe.swg>
@@ -85,6 +87,10 @@
 %ignore cfx_grouped_reducescatter_async;
 %ignore cfx_barrier_async;
 %ignore cfx_join_async;
+/* Raw, these would take SWIGTYPE_p_p_void / SWIGTYPE_p_void objects Java can neither make nor
+ * read; cfxj_shared_alloc / cfxj_shared_free replace them. */
+%ignore cfx_alloc;
+%ignore cfx_free;
 
 /* ---- Helpers ------------------------------------------------------------------------------ */
 
@@ -190,6 +196,28 @@ int cfxj_unstage(JNIEnv *jenv, int64_t src, jobject array, int64_t bytes) {
 }
 
 void cfxj_free(int64_t addr) { free(cfxj_ptr(addr)); }
+
+/* A direct ByteBuffer (capacity `bytes`, at most Integer.MAX_VALUE: the caller checks) over a new
+ * cfx_alloc block; null after recording the status. If the JVM cannot make the buffer (an
+ * OutOfMemoryError is pending then) the block goes back at once. */
+jobject cfxj_shared_alloc(JNIEnv *jenv, int64_t bytes) {
+    void *p = NULL;
+    jobject buffer;
+    cfx_status s = cfx_alloc((size_t)bytes, &p);
+    if (s != CFX_OK) {
+        cfxj_set_status(s);
+        return NULL;
+    }
+    buffer = (*jenv)->NewDirectByteBuffer(jenv, p, (jlong)bytes);
+    if (!buffer) {
+        cfx_free(p);
+        cfxj_set_status(CFX_ERR_OUT_OF_MEMORY);
+    }
+    return buffer;
+}
+
+/* cfx_free on the block at `addr`. Returns the status (message in cfx_last_error()). */
+int cfxj_shared_free(int64_t addr) { return (int)cfx_free(cfxj_ptr(addr)); }
 
 cfx_handle cfxj_allreduce(cfx_context *ctx, const char *name, int64_t data, int64_t count,
                           int32_t dtype, int32_t op, double prescale, double postscale) {

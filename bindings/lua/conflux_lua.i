@@ -8,6 +8,9 @@
  * - Everything that moves data or handles is a hand-written lua_CFunction (%native): typed arrays
  *   (userdata "conflux.array" owning its elements, so collectives run on them zero-copy) and the
  *   collectives on them. cfx_handle (uint64_t) travels as a Lua integer (same 64 bits).
+ * - Shared tensor memory (cfx_alloc) reaches Lua only as typed arrays whose elements lie in a
+ *   cfx_alloc block ("conflux.shared_array", freed by __gc or shared_array_free); no raw pointer
+ *   ever does, so cfx_alloc / cfx_free are not wrapped.
  * - Failures return `nil, status, message`; conflux.lua raises the structured error, so that the
  *   mapping lives in one place and error levels point at the user's call.
  * - Nothing runs on the background thread: completion is observed by poll/wait on the Lua thread.
@@ -37,6 +40,8 @@
 %ignore cfx_grouped_reducescatter_async;
 %ignore cfx_barrier_async;
 %ignore cfx_join_async;
+%ignore cfx_alloc;
+%ignore cfx_free;
 
 %{
 #include <math.h>
@@ -45,15 +50,20 @@
 #include <string.h>
 
 #define CFXL_ARRAY "conflux.array"
+/* The same type with its elements in shared tensor memory: its own metatable, so that only these
+ * carry a __gc (a finalizer would make the GC keep every private array one cycle longer). */
+#define CFXL_SHARED "conflux.shared_array"
 
-/* A typed array: header then `n` elements of `dtype`, in one Lua-owned userdata (never moved). */
+/* A typed array of `n` elements of `dtype`: in one Lua-owned userdata, right after this header
+ * (never moved), or in a cfx_alloc block. `data` is NULL only for a freed shared array. */
 typedef struct cfxl_array {
+    void *data;
     int64_t n;
     int32_t dtype;
     int32_t elem;
 } cfxl_array;
 
-static void *cfxl_data(cfxl_array *a) { return (void *)(a + 1); }
+static void *cfxl_data(cfxl_array *a) { return a->data; }
 
 static int cfxl_fail(lua_State *L, cfx_status s, const char *msg) {
     lua_pushnil(L);
@@ -71,8 +81,18 @@ static cfx_context *cfxl_ctx(lua_State *L, int idx) {
     return (cfx_context *)p;
 }
 
+/* The array at idx, private or shared, or NULL; a freed shared array too. */
+static cfxl_array *cfxl_test_array(lua_State *L, int idx) {
+    cfxl_array *a = (cfxl_array *)luaL_testudata(L, idx, CFXL_ARRAY);
+    return a ? a : (cfxl_array *)luaL_testudata(L, idx, CFXL_SHARED);
+}
+
+/* The usable array at idx; raises for anything else, a freed shared array included. */
 static cfxl_array *cfxl_check_array(lua_State *L, int idx) {
-    return (cfxl_array *)luaL_checkudata(L, idx, CFXL_ARRAY);
+    cfxl_array *a = cfxl_test_array(L, idx);
+    if (!a) luaL_typeerror(L, idx, CFXL_ARRAY);
+    if (!a->data) luaL_argerror(L, idx, "the shared array was freed");
+    return a;
 }
 
 static cfx_handle cfxl_check_handle(lua_State *L, int idx) {
@@ -137,7 +157,7 @@ static uint16_t cfxl_f32_to_bf16(float f) {
 
 /* Pushes element i (0-based). */
 static void cfxl_push_elem(lua_State *L, const cfxl_array *a, int64_t i) {
-    const unsigned char *p = (const unsigned char *)(a + 1) + i * a->elem;
+    const unsigned char *p = (const unsigned char *)a->data + i * a->elem;
     switch (a->dtype) {
     case CFX_UINT8: lua_pushinteger(L, *(const uint8_t *)p); break;
     case CFX_INT8: lua_pushinteger(L, *(const int8_t *)p); break;
@@ -156,7 +176,7 @@ static void cfxl_push_elem(lua_State *L, const cfxl_array *a, int64_t i) {
 
 /* Stores the value at stack index `v` as element i; 0 on success, else an error message. */
 static const char *cfxl_set_elem(lua_State *L, cfxl_array *a, int64_t i, int v) {
-    unsigned char *p = (unsigned char *)(a + 1) + i * a->elem;
+    unsigned char *p = (unsigned char *)cfxl_data(a) + i * a->elem;
     int isint = 0;
     lua_Integer k = 0;
     lua_Number x = 0;
@@ -190,33 +210,49 @@ static const char *cfxl_set_elem(lua_State *L, cfxl_array *a, int64_t i, int v) 
     return NULL;
 }
 
-/* A new zeroed array on the stack; NULL (nothing pushed) for a bad dtype or size. */
-static cfxl_array *cfxl_new_array(lua_State *L, int32_t dtype, int64_t n) {
-    size_t elem = cfx_dtype_size((cfx_dtype)dtype);
+/* A new zeroed array on the stack, its elements in the userdata, or with `shared` in a cfx_alloc
+ * block. NULL with nothing pushed for a bad dtype or size (*st stays CFX_OK); NULL with the
+ * cfx_alloc status in *st (its message in cfx_last_error()) and a dead array pushed when the pool
+ * has no room. */
+static cfxl_array *cfxl_new(lua_State *L, int32_t dtype, int64_t n, int shared, cfx_status *st) {
+    size_t elem = cfx_dtype_size((cfx_dtype)dtype), header = sizeof(cfxl_array);
     cfxl_array *a;
-    if (elem == 0 || n < 0 || (uint64_t)n > (SIZE_MAX - sizeof(cfxl_array)) / elem) return NULL;
-    a = (cfxl_array *)lua_newuserdatauv(L, sizeof(cfxl_array) + (size_t)n * elem, 0);
+    *st = CFX_OK;
+    if (elem == 0 || n < 0 || (uint64_t)n > (SIZE_MAX - header) / elem) return NULL;
+    a = (cfxl_array *)lua_newuserdatauv(L, header + (shared ? 0 : (size_t)n * elem), 0);
+    a->data = shared ? NULL : (void *)(a + 1);
     a->n = n;
     a->dtype = dtype;
     a->elem = (int32_t)elem;
+    /* the metatable (and so __gc) before the block: a Lua error below cannot leak it */
+    luaL_setmetatable(L, shared ? CFXL_SHARED : CFXL_ARRAY);
+    if (shared) {
+        *st = cfx_alloc((size_t)n * elem, &a->data);
+        if (*st != CFX_OK) return NULL;
+    }
     memset(cfxl_data(a), 0, (size_t)n * elem);
-    luaL_setmetatable(L, CFXL_ARRAY);
     return a;
 }
 
-/* array_new(dtype, n | table) -> array | nil, status, message */
-static int cfxl_array_new(lua_State *L) {
+static cfxl_array *cfxl_new_array(lua_State *L, int32_t dtype, int64_t n) {
+    cfx_status st;
+    return cfxl_new(L, dtype, n, 0, &st);
+}
+
+/* array_new / shared_array_new (dtype, n | table) -> array | nil, status, message */
+static int cfxl_make_array(lua_State *L, int shared) {
     int32_t dtype = (int32_t)luaL_checkinteger(L, 1);
     int64_t n, i;
     cfxl_array *a;
+    cfx_status st;
     int fromtable = lua_istable(L, 2);
     if (fromtable) n = (int64_t)luaL_len(L, 2);
     else n = (int64_t)luaL_checkinteger(L, 2);
     if (cfx_dtype_size((cfx_dtype)dtype) == 0)
         return cfxl_fail(L, CFX_ERR_INVALID_ARGUMENT, "unknown dtype");
     if (n < 0) return cfxl_fail(L, CFX_ERR_INVALID_ARGUMENT, "negative array length");
-    a = cfxl_new_array(L, dtype, n);
-    if (!a) return cfxl_fail(L, CFX_ERR_OUT_OF_MEMORY, "array too large");
+    a = cfxl_new(L, dtype, n, shared, &st);
+    if (!a) return st != CFX_OK ? cfxl_fail_last(L, st) : cfxl_fail(L, CFX_ERR_OUT_OF_MEMORY, "array too large");
     if (fromtable) {
         for (i = 0; i < n; i++) {
             const char *err;
@@ -231,6 +267,29 @@ static int cfxl_array_new(lua_State *L) {
         }
     }
     return 1;
+}
+
+static int cfxl_array_new(lua_State *L) { return cfxl_make_array(L, 0); }
+static int cfxl_shared_array_new(lua_State *L) { return cfxl_make_array(L, 1); }
+
+/* shared_array_free(a) -> true | nil, status, message. The array is unusable afterwards. */
+static int cfxl_shared_array_free(lua_State *L) {
+    cfxl_array *a = (cfxl_array *)luaL_checkudata(L, 1, CFXL_SHARED);
+    cfx_status s;
+    if (!a->data) return cfxl_fail(L, CFX_ERR_INVALID_ARGUMENT, "the shared array was already freed");
+    s = cfx_free(a->data);
+    if (s != CFX_OK) return cfxl_fail_last(L, s);
+    a->data = NULL;
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+/* __gc of shared arrays. Collectives in flight keep their arrays reachable (conflux.lua). */
+static int cfxl_shared_array_gc(lua_State *L) {
+    cfxl_array *a = (cfxl_array *)luaL_checkudata(L, 1, CFXL_SHARED);
+    if (a->data) cfx_free(a->data);
+    a->data = NULL;
+    return 0;
 }
 
 static int64_t cfxl_check_index(lua_State *L, cfxl_array *a, int idx) {
@@ -273,8 +332,11 @@ static int cfxl_array_len(lua_State *L) {
 }
 
 static int cfxl_array_tostring(lua_State *L) {
-    cfxl_array *a = cfxl_check_array(L, 1);
-    lua_pushfstring(L, "conflux.array(%s, %I)", cfx_dtype_name((cfx_dtype)a->dtype), (lua_Integer)a->n);
+    cfxl_array *a = cfxl_test_array(L, 1);
+    int shared = luaL_testudata(L, 1, CFXL_SHARED) != NULL;
+    if (!a) luaL_typeerror(L, 1, CFXL_ARRAY);
+    lua_pushfstring(L, "conflux.array(%s, %I%s)", cfx_dtype_name((cfx_dtype)a->dtype), (lua_Integer)a->n,
+                    !shared ? "" : a->data ? ", shared" : ", freed");
     return 1;
 }
 
@@ -334,7 +396,17 @@ static int cfxl_array_copy(lua_State *L) {
 }
 
 static int cfxl_is_array(lua_State *L) {
-    lua_pushboolean(L, luaL_testudata(L, 1, CFXL_ARRAY) != NULL);
+    lua_pushboolean(L, cfxl_test_array(L, 1) != NULL);
+    return 1;
+}
+
+/* array_state(x) -> "private" | "shared" | "freed" (a freed shared array) | nil (not an array) */
+static int cfxl_array_state(lua_State *L) {
+    cfxl_array *a = cfxl_test_array(L, 1);
+    if (!a) lua_pushnil(L);
+    else if (!luaL_testudata(L, 1, CFXL_SHARED)) lua_pushliteral(L, "private");
+    else if (a->data) lua_pushliteral(L, "shared");
+    else lua_pushliteral(L, "freed");
     return 1;
 }
 
@@ -345,12 +417,20 @@ static void cfxl_register_array(lua_State *L) {
     static const luaL_Reg methods[] = {{"dtype", cfxl_array_dtype}, {"totable", cfxl_array_totable},
                                        {"fill", cfxl_array_fill}, {"tobytes", cfxl_array_tobytes},
                                        {"copy", cfxl_array_copy}, {NULL, NULL}};
-    if (luaL_newmetatable(L, CFXL_ARRAY)) {
-        luaL_setfuncs(L, meta, 0);
-        luaL_newlib(L, methods);
-        lua_setfield(L, -2, "methods");
-        lua_pushliteral(L, "conflux.array");
-        lua_setfield(L, -2, "__name");
+    const char *names[] = {CFXL_ARRAY, CFXL_SHARED};
+    int i;
+    luaL_newlib(L, methods);  /* one table: __index looks methods up in CFXL_ARRAY's */
+    for (i = 0; i < 2; i++) {
+        if (luaL_newmetatable(L, names[i])) {
+            luaL_setfuncs(L, meta, 0);
+            lua_pushvalue(L, -2);
+            lua_setfield(L, -2, "methods");
+            if (i == 1) {
+                lua_pushcfunction(L, cfxl_shared_array_gc);
+                lua_setfield(L, -2, "__gc");
+            }
+        }
+        lua_pop(L, 1);
     }
     lua_pop(L, 1);
 }
@@ -610,6 +690,9 @@ static int cfxl_bench_c_allreduce(lua_State *L) {
 %}
 
 %native(array_new) int cfxl_array_new(lua_State *L);
+%native(shared_array_new) int cfxl_shared_array_new(lua_State *L);
+%native(shared_array_free) int cfxl_shared_array_free(lua_State *L);
+%native(array_state) int cfxl_array_state(lua_State *L);
 %native(bench_c_allreduce) int cfxl_bench_c_allreduce(lua_State *L);
 %native(is_array) int cfxl_is_array(lua_State *L);
 %native(init) int cfxl_init(lua_State *L);

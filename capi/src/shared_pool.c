@@ -82,6 +82,14 @@ static uint64_t default_size(void)
     return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 1ull << 34;
 }
 
+/* A core dump reads every page of a mapping, and reading a hole of the sparse pool makes it real
+ * memory: a dump of a process with a RAM-sized pool would fill the machine. Tensor data is left
+ * out of dumps (best effort: an old kernel without MADV_DONTDUMP just dumps it). */
+static void exclude_from_dumps(void *p, size_t size)
+{
+    (void)madvise(p, size, MADV_DONTDUMP);
+}
+
 /* Makes the pool (under the lock). A forked child drops its parent's: that memory is the
  * parent's to hand out, and is left mapped for whatever the child still reads from it. */
 static cfx_status ensure_pool(void)
@@ -129,6 +137,7 @@ static cfx_status ensure_pool(void)
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "cannot map the shared pool (%llu bytes; "
                        "CFX_SHARED_POOL_BYTES sets it): %s", (unsigned long long)size, strerror(e));
     }
+    exclude_from_dumps(p, size);
     cfx_status st = insert_at(&pool.free_list, 0, (extent){0, size});
     if (st) {
         munmap(p, size);
@@ -263,6 +272,8 @@ cfx_status cx_pool_map_peer(const cx_pool_export *e, void **out)
     void *p = mmap(NULL, e->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
     int err = errno;
     close(fd);
+    if (p != MAP_FAILED)
+        exclude_from_dumps(p, e->size);
     if (p == MAP_FAILED)
         return cx_fail(CFX_ERR_TRANSPORT, "cannot map the shared pool of process %lld (%llu "
                        "bytes): %s", (long long)e->pid, (unsigned long long)e->size, strerror(err));

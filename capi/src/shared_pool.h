@@ -8,7 +8,8 @@
  * base of the mapping plus the pointer's offset. The allocator is first-fit over sorted arrays of
  * free and allocated extents, kept in private memory under one mutex, so cfx_free can tell a
  * foreign pointer or a double free from a block even if the caller wrote past its end. Freed whole
- * pages go back to the kernel (fallocate PUNCH_HOLE). After fork the child starts an empty pool of
+ * pages go back to the kernel (fallocate PUNCH_HOLE). Core dumps leave the pool out: reading its
+ * holes would make them memory. After fork the child starts an empty pool of
  * its own (its parent's blocks are not its to hand out).
  */
 #ifndef CFX_SHARED_POOL_H

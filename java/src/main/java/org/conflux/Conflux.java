@@ -24,6 +24,8 @@ import java.util.concurrent.ConcurrentLinkedQueue;
  * {@code double[]}, {@code int[]} or {@code long[]} (copied to native memory and back), or a direct
  * {@code java.nio} buffer in native byte order (zero-copy, from its position to its limit; a
  * {@code ByteBuffer} states its {@link DType}). Heap buffers are rejected. Tensors are one-dimensional.
+ * {@link #allocateShared(long)} gives direct buffers in shared tensor memory, which CPU allreduces
+ * reduce without copies.
  *
  * <p>{@code name} identifies the tensor across ranks: ranks may submit named tensors in any order. A
  * null name lets Conflux generate one, and then every rank must submit in the same order. A name
@@ -600,6 +602,44 @@ public final class Conflux implements AutoCloseable {
         if (status != cfx_status.CFX_OK) {
             throw ConfluxException.of(status, ConfluxNative.cfx_last_error());
         }
+    }
+
+    // ---- shared tensor memory --------------------------------------------------------------------
+
+    /**
+     * A direct buffer of {@code bytes} (native byte order, contents undefined) over shared tensor
+     * memory: memory the other ranks on this host map. A CPU allreduce whose data lies in such
+     * memory on every local rank is reduced straight from every rank's buffer, without the copies
+     * through the engine's shared-memory slots; results are the same either way, and any direct
+     * buffer still works with every collective. Views ({@code asFloatBuffer()}, slices) work too.
+     *
+     * <p>Not tied to a context: the pool is per process, so the buffer may be allocated before
+     * {@link #init()} and outlive {@link #close()}. Free it with {@link #freeShared(ByteBuffer)}
+     * once no collective uses it; a buffer that becomes unreachable is freed by a Cleaner (safe:
+     * a tensor in flight stays reachable from its handle), but the garbage collector does not see
+     * the memory, so do not rely on it to keep the pool from filling up. Thread-safe.
+     *
+     * @throws IllegalArgumentException for {@code bytes} outside 0..Integer.MAX_VALUE
+     * @throws ConfluxException with {@link Status#OUT_OF_MEMORY} when the pool has no room (the
+     *         message gives its use and size; CFX_SHARED_POOL_BYTES sets it), {@link Status#CONFIG}
+     *         for a malformed CFX_SHARED_POOL_BYTES
+     */
+    public static ByteBuffer allocateShared(long bytes) {
+        return SharedMemory.allocate(bytes);
+    }
+
+    /**
+     * Returns a buffer from {@link #allocateShared(long)} to the pool; a null buffer is a no-op.
+     * The buffer, and every view of it, must not be used afterwards (the memory reads as zeros or
+     * as another allocation's data; the process does not crash), and it must not be in flight in a
+     * collective (await its handle first). Thread-safe.
+     *
+     * @throws IllegalArgumentException for a buffer allocateShared did not return (a heap buffer,
+     *         ByteBuffer.allocateDirect memory, a duplicate or slice) or one already freed; nothing is
+     *         freed then
+     */
+    public static void freeShared(ByteBuffer buffer) {
+        SharedMemory.free(buffer);
     }
 
     // ---- lifetime --------------------------------------------------------------------------------
