@@ -218,9 +218,6 @@ static cfx_status setup_data_path(cfx_context *ctx)
                cx_error_message());
         return CFX_OK;
     }
-    if (!st && !cx_shm_direct_ready(ctx->shm))
-        cx_log(&ctx->log, CX_LOG_INFO, "context", "%s: tensors from cfx_alloc take the copies too",
-               cx_error_message());
     ctx->hierarchical = !one_host;
     return st;
 }

@@ -223,10 +223,16 @@ cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_allreduce_batch *b, doubl
             st = cx_shm_allreduce(x->shm, x->transport, segs, n, dtype, op, pre, post,
                                   x->hierarchical);
             TL_STAMP(tl, 2);
-            if (!x->direct_logged && cx_shm_direct_batches(x->shm)) {
-                x->direct_logged = true;
-                cx_log(x->log, CX_LOG_INFO, "execute", "allreduce path direct: tensors in shared "
-                       "tensor memory on every local rank, reduced in place without copies");
+            const char *why;
+            int direct = cx_shm_direct_state(x->shm, &why);
+            if (direct != x->direct_logged) {
+                x->direct_logged = direct;
+                if (direct > 0)
+                    cx_log(x->log, CX_LOG_INFO, "execute", "allreduce path direct: tensors in "
+                           "shared tensor memory on every local rank, reduced without copies");
+                else
+                    cx_log(x->log, CX_LOG_WARNING, "execute", "no direct path for tensors in "
+                           "shared tensor memory (%s): they take the copies", why);
             }
             if (segs != stack_segs)
                 free(segs);

@@ -35,7 +35,7 @@ typedef struct cx_exec {
     size_t scratch_cap;
     struct cx_shm *shm;   /* the shared-memory path (owned by the context), or NULL */
     bool hierarchical;    /* shm reduces within the host, MPI across hosts */
-    bool direct_logged;   /* the first batch on the shm direct path was logged */
+    int direct_logged;    /* the shm direct path's state last logged (cx_shm_direct_state) */
     struct cx_timeline *timeline; /* the context's, or NULL (timeline.h) */
     struct cx_device *device; /* device tensors' state (device_exec.h): made by the first device
                                  response, or NULL */

@@ -22,13 +22,11 @@
 #define CACHE_LINE 64
 #define OWN_STRIP_BYTES (16u << 10) /* a strip of the own block: reduced, then copied out from L1 */
 
-/* The segment's first pages: the barrier, each word on its own cache line, then every local
- * rank's shared pool (shared_pool.h) for its peers to map. */
+/* The segment's first page: the barrier, each word on its own cache line. */
 typedef struct shm_control {
     _Alignas(CACHE_LINE) atomic_uint arrived;
     _Alignas(CACHE_LINE) atomic_uint generation; /* 32 bits: a futex word */
     atomic_uint sleepers;                        /* waiters in futex_wait */
-    _Alignas(CACHE_LINE) cx_pool_export pools[]; /* [nlocal] */
 } shm_control;
 
 /* Each local rank's offer of a batch for the direct path: whether all of its tensors lie in its
@@ -38,8 +36,15 @@ typedef struct shm_control {
 #define DIRECT_MAX_SEGS 4096
 typedef struct direct_offer {
     uint32_t ok, nsegs;
+    uint32_t mapped;        /* set up: 1 when this rank mapped every peer's pool, 2 when it could not */
+    cx_pool_export pool;    /* where the peers map this rank's pool (written with the first offer) */
     struct { uint64_t src, dst; } at[DIRECT_MAX_SEGS];
 } direct_offer;
+
+/* The direct path is set up on the first batch every local rank offers (all see the same batches,
+ * so all get there together): only then do all the pools exist, since nothing makes a pool but
+ * cfx_alloc. A job that never allocates shared tensor memory maps nothing. */
+typedef enum { DIRECT_UNTRIED, DIRECT_READY, DIRECT_OFF } direct_state;
 
 struct cx_shm {
     int nlocal, me;
@@ -51,10 +56,12 @@ struct cx_shm {
     uint8_t *results;      /* [2][chunk] */
     direct_offer *offers;  /* [nlocal] */
     unsigned generation;   /* this rank's view of the barrier generation */
-    uint8_t **peer_pools;  /* [nlocal] the local ranks' pools as mapped here (own: NULL); NULL
-                            * when some rank could not map them: no direct path */
+    direct_state direct;
+    bool exported;         /* this rank's pool is in its offer */
+    uint8_t **peer_pools;  /* [nlocal] the local ranks' pools as mapped here (own: NULL) */
+    uint64_t *peer_sizes;  /* [nlocal] their sizes, for munmap */
     uint8_t *strip;        /* OWN_STRIP_BYTES of private scratch for the direct path */
-    uint64_t direct_batches; /* batches that took the direct path */
+    char direct_off[512];  /* why the direct path is off */
 };
 
 static size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
@@ -115,37 +122,6 @@ static void barrier(cx_shm *s)
         }
     }
     s->generation = gen + 1;
-}
-
-static void unmap_peer_pools(cx_shm *s);
-
-/* Publishes this rank's shared pool in the segment and maps every peer's, for the direct path.
- * Collective. A rank that cannot (no memfd, /proc closed to it) turns the direct path off for
- * all, with the reason in the error message; that is not an error: tensors then take the copies. */
-static cfx_status map_peer_pools(cx_shm *s, cx_transport *t)
-{
-    cfx_status local = cx_pool_get_export(&s->control->pools[s->me]);
-    barrier(s);
-    s->peer_pools = calloc((size_t)s->nlocal, sizeof *s->peer_pools);
-    s->strip = aligned_alloc(CACHE_LINE, OWN_STRIP_BYTES);
-    if (!local && (!s->peer_pools || !s->strip))
-        local = cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for the direct path");
-    for (int q = 0; q < s->nlocal && !local && s->peer_pools; q++)
-        if (q != s->me && !s->control->pools[q].size)
-            local = cx_fail(CFX_ERR_TRANSPORT, "local rank %d has no shared pool", q);
-        else if (q != s->me)
-            local = cx_pool_map_peer(&s->control->pools[q], (void **)&s->peer_pools[q]);
-    char msg[CX_ERROR_MAX];
-    snprintf(msg, sizeof msg, "%s", local ? cx_error_message() : "");
-    uint64_t ok = local ? 0 : ~0ull;
-    cfx_status st = t->ops->allreduce_and(t, &ok, 1);
-    if (st || !ok) {
-        unmap_peer_pools(s);
-        if (!st)
-            cx_fail(CFX_ERR_TRANSPORT, "%s", local ? msg : "another local rank could not map the "
-                    "shared pools");
-    }
-    return st;
 }
 
 cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, cx_shm **out)
@@ -222,33 +198,65 @@ cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, cx_shm **out)
     s->offers = (direct_offer *)(s->base + control);
     s->slots = s->base + control + offers;
     s->results = s->slots + s->chunk * 2 * (size_t)s->nlocal;
-    if ((st = map_peer_pools(s, t))) {
-        cx_shm_destroy(s);
-        return st;
-    }
     *out = s;
     return CFX_OK;
 }
 
-bool cx_shm_direct_ready(const cx_shm *s)
+int cx_shm_direct_state(const cx_shm *s, const char **why)
 {
-    return s->peer_pools != NULL;
-}
-
-uint64_t cx_shm_direct_batches(const cx_shm *s)
-{
-    return s->direct_batches;
+    *why = s->direct_off;
+    return s->direct == DIRECT_READY ? 1 : s->direct == DIRECT_OFF ? -1 : 0;
 }
 
 static void unmap_peer_pools(cx_shm *s)
 {
-    if (!s->peer_pools)
-        return;
-    for (int q = 0; q < s->nlocal; q++)
+    for (int q = 0; s->peer_pools && q < s->nlocal; q++)
         if (s->peer_pools[q])
-            munmap(s->peer_pools[q], (size_t)s->control->pools[q].size);
+            munmap(s->peer_pools[q], (size_t)s->peer_sizes[q]);
     free(s->peer_pools);
+    free(s->peer_sizes);
+    free(s->strip);
     s->peer_pools = NULL;
+    s->peer_sizes = NULL;
+    s->strip = NULL;
+}
+
+/* Maps every peer's pool from the offers (after a barrier at which all offered), then agrees
+ * with the peers over the segment: ready only if every rank mapped all; otherwise off for good,
+ * with the reason kept for the log, and the batch takes the copies. */
+static void setup_direct(cx_shm *s)
+{
+    cfx_status st = CFX_OK;
+    s->peer_pools = calloc((size_t)s->nlocal, sizeof *s->peer_pools);
+    s->peer_sizes = calloc((size_t)s->nlocal, sizeof *s->peer_sizes);
+    s->strip = aligned_alloc(CACHE_LINE, OWN_STRIP_BYTES);
+    if (!s->peer_pools || !s->peer_sizes || !s->strip)
+        st = cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for the direct path");
+    const char *fail = getenv("CFX_TEST_DIRECT_MAP_FAIL"); /* tests: this local rank cannot map */
+    if (!st && fail && atoi(fail) == s->me)
+        st = cx_fail(CFX_ERR_TRANSPORT, "CFX_TEST_DIRECT_MAP_FAIL=%s", fail);
+    for (int q = 0; q < s->nlocal && !st; q++) {
+        if (q == s->me)
+            continue;
+        st = cx_pool_map_peer(&s->offers[q].pool, (void **)&s->peer_pools[q]);
+        if (!st)
+            s->peer_sizes[q] = s->offers[q].pool.size;
+    }
+    if (st)
+        snprintf(s->direct_off, sizeof s->direct_off, "%s", cx_error_message());
+    s->offers[s->me].mapped = st ? 2 : 1;
+    barrier(s);
+    int failed = -1;
+    for (int q = 0; q < s->nlocal; q++)
+        if (s->offers[q].mapped != 1 && failed < 0)
+            failed = q;
+    s->direct = failed < 0 ? DIRECT_READY : DIRECT_OFF;
+    if (failed >= 0) {
+        unmap_peer_pools(s);
+        if (!st)
+            snprintf(s->direct_off, sizeof s->direct_off, "local rank %d could not map the other "
+                     "ranks' shared tensor memory", failed);
+    }
 }
 
 void cx_shm_destroy(cx_shm *s)
@@ -257,7 +265,6 @@ void cx_shm_destroy(cx_shm *s)
         return;
     unmap_peer_pools(s);
     munmap(s->base, s->size);
-    free(s->strip);
     free(s);
 }
 
@@ -383,7 +390,7 @@ static bool offer_direct(cx_shm *s, const cx_segment *segs, size_t nsegs, size_t
                          double prescale, bool hierarchical)
 {
     direct_offer *o = &s->offers[s->me];
-    bool ok = s->peer_pools && !hierarchical && prescale == 1.0 && nsegs <= DIRECT_MAX_SEGS;
+    bool ok = !hierarchical && prescale == 1.0 && nsegs <= DIRECT_MAX_SEGS;
     for (size_t i = 0; i < nsegs && ok; i++) {
         size_t bytes = segs[i].count * esize;
         o->at[i].src = o->at[i].dst = 0;
@@ -391,6 +398,9 @@ static bool offer_direct(cx_shm *s, const cx_segment *segs, size_t nsegs, size_t
             ok = segs[i].src && segs[i].dst && cx_pool_offset(segs[i].src, bytes, &o->at[i].src) &&
                  cx_pool_offset(segs[i].dst, bytes, &o->at[i].dst);
     }
+    if (ok && !s->exported) /* the pool exists: the tensors are in it */
+        s->exported = cx_pool_get_export(&o->pool) == CFX_OK;
+    ok = ok && s->exported;
     o->nsegs = (uint32_t)(ok ? nsegs : 0);
     o->ok = ok;
     return ok;
@@ -453,7 +463,8 @@ cfx_status cx_shm_allreduce(cx_shm *s, cx_transport *t, const cx_segment *segs, 
     /* A rank offering the direct path skips the first chunk's copy in; if the offer is not taken
      * it copies in after the barrier, and one more barrier follows. Every rank reads the same
      * offers, so all take the same path. */
-    bool offered = s->peer_pools && n && offer_direct(s, segs, nsegs, esize, prescale, hierarchical);
+    bool offers = n && s->direct != DIRECT_OFF; /* the same on every rank */
+    bool offered = offers && offer_direct(s, segs, nsegs, esize, prescale, hierarchical);
     int k = 0;
     for (size_t off = 0; off < n; off += per_chunk, k ^= 1) {
         size_t count = n - off < per_chunk ? n - off : per_chunk;
@@ -463,13 +474,14 @@ cfx_status cx_shm_allreduce(cx_shm *s, cx_transport *t, const cx_segment *segs, 
         copy_in_chunk(s, k, segs, &in, &own, count, lo, hi, stage_own, off == 0 && offered, dtype,
                       op, prescale);
         barrier(s);
-        if (off == 0 && s->peer_pools) {
+        if (off == 0 && offers) {
             int takers = 0;
             for (int q = 0; q < s->nlocal; q++)
                 takers += s->offers[q].ok && s->offers[q].nsegs == nsegs;
-            if (takers == s->nlocal) {
+            if (takers == s->nlocal && s->direct == DIRECT_UNTRIED)
+                setup_direct(s);
+            if (takers == s->nlocal && s->direct == DIRECT_READY) {
                 direct_allreduce(s, segs, n, dtype, op, postscale);
-                s->direct_batches++;
                 return CFX_OK;
             }
             if (takers) { /* some ranks skipped their copy in */

@@ -16,12 +16,13 @@
  * same on every rank and independent of fusion packing and chunking.
  *
  * The direct path: when every local rank's tensors of a batch (inputs and outputs) lie in its
- * shared pool (cfx_alloc, shared_pool.h), which every rank maps at creation, there is nothing to
- * copy: rank i reduces block i of the whole batch, strip by strip, straight from every rank's
- * tensors and writes the result into every rank's output, with one barrier at the end. Each rank
- * offers it in the segment before the first barrier of a batch and all read the offers after it,
- * so all take the same path; ranks that mix pooled and private tensors, a prescale, hierarchical
- * mode or a joined rank take the copies. The reduction order is the same, so are the results.
+ * shared pool (cfx_alloc, shared_pool.h), there is nothing to copy. The first such batch has every
+ * rank map the others' pools (agreed over the segment: all or none, for good); then rank i reduces
+ * block i of the whole batch, strip by strip, straight from every rank's tensors and writes the
+ * result into every rank's output, with one barrier at the end. Each rank offers the direct path
+ * in the segment before the first barrier of a batch and all read the offers after it, so all
+ * take the same path; ranks that mix pooled and private tensors, a prescale, hierarchical mode or
+ * a joined rank take the copies. The reduction order is the same, so are the results.
  *
  * Hierarchical mode (the job spans hosts): after the local reduction, each local rank allreduces
  * its own block across hosts over MPI (the cross communicator), so every local rank drives its own
@@ -46,10 +47,9 @@ typedef struct cx_shm cx_shm;
 cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, cx_shm **out);
 void cx_shm_destroy(cx_shm *s);
 
-/* Whether every local rank mapped the others' shared pools (else cx_error_message() said why at
- * creation), and how many batches took the direct path since. */
-bool cx_shm_direct_ready(const cx_shm *s);
-uint64_t cx_shm_direct_batches(const cx_shm *s);
+/* The direct path: 0 not tried yet (no batch had every rank's tensors in shared tensor memory),
+ * 1 on, -1 off for good (*why says why: some rank could not map another's pool). */
+int cx_shm_direct_state(const cx_shm *s, const char **why);
 
 /* One stretch of the logical buffer a reduction covers: `count` elements read from `src` (NULL:
  * the op's identity, for a rank that has joined) and written back to `dst` (NULL: discarded). */
