@@ -149,7 +149,7 @@ cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, cx_shm **out)
     s->nlocal = t->local_size;
     s->me = t->local_rank;
     s->chunk = round_up(chunk_bytes, CACHE_LINE);
-    size_t control = round_up(sizeof(shm_control) + (size_t)s->nlocal * sizeof(cx_pool_export), 4096);
+    size_t control = round_up(sizeof(shm_control), 4096);
     size_t offers = round_up((size_t)s->nlocal * sizeof(direct_offer), 4096);
     s->size = control + offers + s->chunk * 2 * (size_t)s->nlocal + s->chunk * 2;
     char name[64];
