@@ -17,8 +17,12 @@ class LifecycleTest {
         Conflux cfx = TestContext.get();
         int size = cfx.size();
         int rank = cfx.rank();
-        // a handle only rank 0 submits: shutdown completes it with SHUT_DOWN
+        // a handle only rank 0 submits: shutdown completes it with SHUT_DOWN. The barrier keeps the
+        // other ranks from shutting down (which stops rank 0's context too) before rank 0 submitted
+        // it: without it a fast rank 1 made rank 0's submission fail, rank 0 left the test early, and
+        // its next context paired up with rank 1's re-init below, so both waited on different tensors.
         Handle<float[]> orphan = rank == 0 ? cfx.allreduceAsync("orphan", new float[1], ReduceOp.SUM) : null;
+        cfx.barrier();
         cfx.shutdown();
         assertFalse(cfx.isRunning());
         assertEquals(rank, cfx.rank());  // queries still work
