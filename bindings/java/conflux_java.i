@@ -91,6 +91,7 @@
  * read; cfxj_shared_alloc / cfxj_shared_free replace them. */
 %ignore cfx_alloc;
 %ignore cfx_free;
+%ignore cfx_is_shared; /* Java tracks its own shared buffers (SharedMemory.java) */
 
 /* ---- Helpers ------------------------------------------------------------------------------ */
 

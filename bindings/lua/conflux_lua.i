@@ -42,6 +42,7 @@
 %ignore cfx_join_async;
 %ignore cfx_alloc;
 %ignore cfx_free;
+%ignore cfx_is_shared; /* arrays know where their elements are (array_state) */
 
 %{
 #include <math.h>

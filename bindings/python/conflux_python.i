@@ -353,6 +353,11 @@ static PyObject *cfx_py_raise_status(int status, const char *message) {
 %typemap(in) void *ptr {
     if (cfx_py_pointer($input, &$1, "address") < 0) SWIG_fail;
 }
+/* cfx_is_shared: an int address. */
+%typemap(in) const void *ptr (void *tmp = NULL) {
+    if (cfx_py_pointer($input, &tmp, "address") < 0) SWIG_fail;
+    $1 = tmp;
+}
 /* outputs: None (all in place) or a sequence of addresses/None. */
 %typemap(in) void *const *outputs (void **tmp = NULL) {
     if ($input != Py_None) {

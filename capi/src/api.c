@@ -716,3 +716,9 @@ cfx_status cfx_free(void *ptr)
 {
     return cx_pool_free(ptr);
 }
+
+int cfx_is_shared(const void *ptr, size_t bytes)
+{
+    uint64_t off;
+    return ptr && cx_pool_offset(ptr, bytes, &off);
+}

@@ -120,6 +120,14 @@ def shared_array(shape, dtype=_np.float32):
     return _core.shared_bytes(_math.prod(shape) * dtype.itemsize).view(dtype).reshape(shape)
 
 
+def _output_like(a):
+    """An out-of-place result for input `a`: in shared tensor memory when `a` is (so the batch can
+    still take the direct path), else an ordinary array."""
+    if _capi.cfx_is_shared(a.__array_interface__["data"][0], a.nbytes):
+        return shared_array(a.shape, a.dtype)
+    return _np.empty_like(a, order="C")
+
+
 def _scale(v, what):
     try:
         return float(v)
@@ -141,7 +149,7 @@ def allreduce_async_(array, op=Average, name=None, prescale_factor=1.0, postscal
 def allreduce_async(array, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """Starts an allreduce into a new array; synchronize() returns it."""
     a = _input(array)
-    out = _np.empty_like(a, order="C")
+    out = _output_like(a)
     return _core.submit(_capi.cfx_allreduce_async,
                         (_core.check_name(name), _describe(a), out.__array_interface__["data"][0],
                          _core.check_op(op), _scale(prescale_factor, "prescale_factor"),
@@ -168,7 +176,7 @@ def _grouped(arrays, inplace, op, name, prescale_factor, postscale_factor):
         out_ptrs = None
     else:
         ins = [_input(a) for a in arrays]
-        outs = [_np.empty_like(a, order="C") for a in ins]
+        outs = [_output_like(a) for a in ins]
         out_ptrs = [o.__array_interface__["data"][0] for o in outs]
     return _core.submit(_capi.cfx_grouped_allreduce_async,
                         (_core.check_name(name), [_describe(a) for a in ins], out_ptrs,

@@ -144,6 +144,14 @@ def shared_zeros(*size, dtype=torch.float32):
     return shared_empty(*size, dtype=dtype).zero_()
 
 
+def _output_like(t):
+    """An out-of-place result for the contiguous tensor `t`: in shared tensor memory when `t` is
+    (so the batch can still take the direct path), else an ordinary tensor on t's device."""
+    if t.device.type == "cpu" and _capi.cfx_is_shared(t.data_ptr(), t.numel() * t.element_size()):
+        return shared_empty(tuple(t.shape), dtype=t.dtype)
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
 def poll(handle):
     """True when `handle` completed."""
     return _core.poll(handle)
@@ -168,7 +176,7 @@ def allreduce_async_(tensor, op=Average, name=None, prescale_factor=1.0, postsca
 def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """Starts an allreduce into a new tensor; synchronize() returns it."""
     t = _input(tensor, "allreduce")
-    out = torch.empty_like(t, memory_format=torch.contiguous_format)
+    out = _output_like(t)
     return _core.submit(_capi.cfx_allreduce_async,
                         (_core.check_name(name), _describe(t), out.data_ptr(), _core.check_op(op),
                          _scale(prescale_factor, "prescale_factor"),
@@ -209,7 +217,7 @@ def _grouped(tensors, inplace, op, name, prescale_factor, postscale_factor):
         outs, results, ptrs = ins, tensors, None
     else:
         ins = [_input(t, "grouped_allreduce") for t in tensors]
-        outs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in ins]
+        outs = [_output_like(t) for t in ins]
         results, ptrs = outs, [o.data_ptr() for o in outs]
     return _core.submit(_capi.cfx_grouped_allreduce_async,
                         (_core.check_name(name), [_describe(t) for t in ins], ptrs,

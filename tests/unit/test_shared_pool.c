@@ -1,5 +1,5 @@
 /*
- * Shared tensor memory (cfx_alloc / cfx_free, shared_pool.c): alignment, reuse and coalescing of
+ * Shared tensor memory (cfx_alloc / cfx_free / cfx_is_shared, shared_pool.c): alignment, reuse and coalescing of
  * freed blocks, the errors for foreign pointers, double frees and a full pool, a malformed
  * CFX_SHARED_POOL_BYTES, a second mapping of the pool (what a peer rank sees) reading and writing
  * the same bytes, a forked child's own pool, and allocation from several threads at once.
@@ -47,12 +47,17 @@ static void test_alignment_and_use(void **state)
     for (int i = 0; i < 5; i++) /* no block overlaps another */
         for (size_t b = 0; b < sizes[i]; b++)
             assert_int_equal(((unsigned char *)p[i])[b], 0x40 + i);
+    assert_int_equal(cfx_is_shared(p[4], sizes[4]), 1);
+    assert_int_equal(cfx_is_shared((char *)p[4] + 100, 100), 1);
+    assert_int_equal(cfx_is_shared(p[4], POOL_BYTES + 1), 0); /* runs past the pool */
+    assert_int_equal(cfx_is_shared(NULL, 0), 0);
     for (int i = 0; i < 5; i++)
         assert_int_equal(cfx_free(p[i]), CFX_OK);
     assert_int_equal(cfx_free(NULL), CFX_OK);
     uint64_t off;
     int local = 0;
     assert_false(cx_pool_offset(&local, sizeof local, &off));
+    assert_int_equal(cfx_is_shared(&local, sizeof local), 0);
 }
 
 static void test_freed_blocks_coalesce(void **state)

@@ -346,6 +346,10 @@ CFX_API cfx_status cfx_alloc(size_t bytes, void **out);
  * not be in flight in a collective. */
 CFX_API cfx_status cfx_free(void *ptr);
 
+/* 1 when [ptr, ptr + bytes) lies in this process's shared tensor memory, else 0: whether a tensor
+ * there can take the direct path (e.g. to give an out-of-place result the same placement). */
+CFX_API int cfx_is_shared(const void *ptr, size_t bytes);
+
 #ifdef __cplusplus
 }
 #endif

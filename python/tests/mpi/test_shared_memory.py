@@ -42,6 +42,13 @@ def make(api, x, dtype, shared=True):
     return a
 
 
+def is_shared(x):
+    """Whether x's elements lie in this process's shared tensor memory (cfx_is_shared)."""
+    if torch is not None and isinstance(x, torch.Tensor):
+        return conflux._capi.cfx_is_shared(x.data_ptr(), x.numel() * x.element_size()) == 1
+    return conflux._capi.cfx_is_shared(x.__array_interface__["data"][0], x.nbytes) == 1
+
+
 def mod(api):
     return cfx if api == "torch" else conflux
 
@@ -72,6 +79,7 @@ def test_big_allreduce(api, inplace, op, dtype, rank, size):
     else:
         got = m.allreduce(a, op=OPS[op], name=name)
         check(a, xs[rank], dtype)  # the input is untouched
+        assert is_shared(got)  # a shared input gets a shared result: the direct path still applies
     check(got, expected_reduce(OPS[op], xs, dtype), dtype)
 
 

@@ -288,3 +288,13 @@ def test_torch_tensor_and_its_views_keep_the_block(torch, blocks):
     gc.collect()
     assert ref() is None
     assert_freed(address)
+
+
+def test_is_shared_tells_shared_from_ordinary_memory():
+    a = conflux.shared_array((1000,), np.float32)
+    b = np.empty(1000, np.float32)
+    address = a.__array_interface__["data"][0]
+    assert conflux._capi.cfx_is_shared(address, a.nbytes) == 1
+    assert conflux._capi.cfx_is_shared(address + 400, 400) == 1
+    assert conflux._capi.cfx_is_shared(b.__array_interface__["data"][0], b.nbytes) == 0
+    assert conflux._capi.cfx_is_shared(None, 0) == 0
