@@ -46,6 +46,8 @@ def main():
     parser.add_argument("--lr", type=float, default=0.05, help="per rank; scaled by the size")
     parser.add_argument("--seed", type=int, default=2024)
     parser.add_argument("--fp16-allreduce", action="store_true", help="Compression.fp16")
+    parser.add_argument("--shared-gradients", action="store_true",
+                        help="gradients in shared tensor memory: allreduces without copies")
     parser.add_argument("--corrupt-rank", type=int, default=-1, metavar="R",
                         help="testing the check: nudge one parameter on rank R before comparing")
     args = parser.parse_args()
@@ -67,7 +69,8 @@ def main():
     cfx.broadcast_optimizer_state(optimizer, root_rank=0)
     optimizer = cfx.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(),
-        compression=cfx.Compression.fp16 if args.fp16_allreduce else cfx.Compression.none)
+        compression=cfx.Compression.fp16 if args.fp16_allreduce else cfx.Compression.none,
+        shared_gradients=args.shared_gradients)
 
     if rank == 0:
         print("conflux %s: %d ranks, %d samples (%d per rank), %d epochs"

@@ -439,7 +439,7 @@ class Compression:
 # ---- DistributedOptimizer ----
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor):
+                 gradient_predivide_factor, shared_gradients):
         super(self.__class__, self).__init__(params)
         self._compression = compression
         if op not in (Sum, Average, Min, Max, Product):
@@ -478,6 +478,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._requires_update = set()
         self._synchronized = False
         self._should_synchronize = True
+        # p -> its gradient buffer in shared tensor memory: backward accumulates into an existing
+        # .grad in place, so every pass lands there and the allreduces take the direct path.
+        self._shared_grads = {}
+        if shared_gradients:
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.requires_grad and p.device.type == "cpu":
+                        g = shared_zeros(*p.shape, dtype=p.dtype)
+                        if p.grad is not None:
+                            g.copy_(p.grad)
+                        p.grad = self._shared_grads[p] = g
         if size() > 1:
             self._register_hooks()
 
@@ -500,7 +511,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _allreduce_grad_async(self, p):
         if p.grad is None:
             # Not produced on this rank (dynamic graphs); other ranks may have it: send zeros.
-            p.grad = torch.zeros_like(p)
+            p.grad = self._shared_grads[p].zero_() if p in self._shared_grads else torch.zeros_like(p)
         name = self._parameter_names.get(p)
         if self.op == Average:
             # The engine divides by size() on top of the postscale.
@@ -585,18 +596,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
                                  "optimizer.step() or optimizer.synchronize(). This is prohibited as "
                                  "it can cause a race condition.")
-        return super(self.__class__, self).zero_grad(*args, **kwargs)
+        result = super(self.__class__, self).zero_grad(*args, **kwargs)
+        for p, g in self._shared_grads.items():
+            if p.grad is None:  # set_to_none dropped it: the shared buffer comes back, zeroed
+                p.grad = g.zero_()
+        return result
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
-                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0):
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         shared_gradients=False):
     """Wraps a torch optimizer: each gradient's allreduce starts from a hook as soon as backward
     produced it (after `backward_passes_per_step` passes), and step() waits for them before
-    updating. Returns an instance of a subclass of the optimizer's class."""
+    updating. Returns an instance of a subclass of the optimizer's class.
+    shared_gradients=True (Conflux's own, not Horovod's) gives every CPU parameter a gradient
+    buffer in shared tensor memory (shared_zeros), kept across zero_grad() (set_to_none puts it back
+    zeroed): with several ranks on one host, the allreduces then run without copies."""
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor)
+               gradient_predivide_factor, shared_gradients)
 
 
 # ---- broadcast helpers ----

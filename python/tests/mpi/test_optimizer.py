@@ -192,3 +192,26 @@ def test_allreduces_start_during_backward(rank, size):
     assert last in opt._handles
     opt.step()
     assert not opt._handles
+
+
+@pytest.mark.parametrize("set_to_none", [False, True])
+def test_shared_gradients(rank, size, set_to_none):
+    """shared_gradients=True: the gradients live in shared tensor memory (across zero_grad, also
+    with set_to_none), and training gives exactly the parameters of the ordinary run."""
+    plain = distributed("momentum", rank, size)
+    model = make_model()
+    opt = cfx.DistributedOptimizer(make_opt("momentum", model.parameters()),
+                                   named_parameters=model.named_parameters(), shared_gradients=True)
+    cfx.broadcast_parameters(model.state_dict(), root_rank=0)
+    x, y = dataset(size)
+    mine = slice(rank * BATCH, (rank + 1) * BATCH)
+    for s in range(STEPS):
+        opt.zero_grad(set_to_none=set_to_none)
+        torch.nn.functional.mse_loss(model(x[s][mine]), y[s][mine]).backward()
+        opt.step()
+        for name, p in model.named_parameters():
+            addr, nbytes = p.grad.data_ptr(), p.grad.numel() * p.grad.element_size()
+            assert cfx._capi.cfx_is_shared(addr, nbytes) == 1, name
+    for (name, p), q in zip(model.named_parameters(), plain.parameters()):
+        assert torch.equal(p, q), name  # the same reduction order on either path: the same bits
+    assert_identical_everywhere(model, size)
