@@ -82,6 +82,19 @@ static uint64_t default_size(void)
     return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 1ull << 34;
 }
 
+/* In a forked child the parent's pool is not this process's: cx_pool_offset must not place the
+ * child's tensors in it (a peer would read the child's offsets in the child's own pool). */
+static void forget_in_child(void)
+{
+    atomic_store(&pool_lo, 0);
+    atomic_store(&pool_hi, 0);
+}
+
+static void watch_forks(void)
+{
+    (void)pthread_atfork(NULL, NULL, forget_in_child);
+}
+
 /* A core dump reads every page of a mapping, and reading a hole of the sparse pool makes it real
  * memory: a dump of a process with a RAM-sized pool would fill the machine. Tensor data is left
  * out of dumps (best effort: an old kernel without MADV_DONTDUMP just dumps it). */
@@ -149,6 +162,8 @@ static cfx_status ensure_pool(void)
     pool.size = size;
     pool.used = 0;
     pool.pid = getpid();
+    static pthread_once_t fork_watch = PTHREAD_ONCE_INIT;
+    pthread_once(&fork_watch, watch_forks);
     atomic_store(&pool_lo, (uintptr_t)p);
     atomic_store(&pool_hi, (uintptr_t)p + size);
     return CFX_OK;
