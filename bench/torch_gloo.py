@@ -7,6 +7,7 @@ rows in the C benchmark's CSV format (--raw) with methods:
   torch_gloo     torch.distributed Gloo: async all_reduce of every tensor (reverse order), then wait all
   torch_conflux  conflux.torch: allreduce_async_ of every tensor (reverse order), then synchronize all
                  (only when the package imports; otherwise one 'n/a' row says why)
+  torch_conflux_shared  the same on tensors from conflux.torch.shared_zeros (shared tensor memory)
 Timing as in C: a (Gloo) barrier before each repeat, perf_counter around the step, the max over ranks of
 each repeat, median/min/max after warm-up. Every workload's results are checked once per run against the
 known per-rank pattern (rank r puts (r + 1) + ((7 i + j) mod 13) into element j of tensor i).
@@ -155,10 +156,10 @@ def main():
         out.write("group,workload,tensors,bytes,method,reps,median_s,min_s,max_s,check\n")
         print("torch_gloo.py: %d ranks, torch %s, mode %s" % (size, torch.__version__, args.mode), flush=True)
 
-    def run_backend(method, make_step):
+    def run_backend(method, make_step, zeros=torch.zeros):
         nonlocal failures
         for w in workloads:
-            tensors = [torch.zeros(d, dtype=torch.float32) for _, d in w["tensors"]]
+            tensors = [zeros(*d, dtype=torch.float32) for _, d in w["tensors"]]
             names = [n for n, _ in w["tensors"]]
             step = make_step(tensors, names)
             fill(tensors, rank)
@@ -187,6 +188,8 @@ def main():
                 print("  torch_conflux: " + why, flush=True)
         else:
             run_backend("torch_conflux", lambda tensors, names: make_conflux_step(cfx, tensors, names))
+            run_backend("torch_conflux_shared", lambda tensors, names: make_conflux_step(cfx, tensors, names),
+                        cfx.shared_zeros)
             if hasattr(cfx, "shutdown"):
                 cfx.shutdown()
 
