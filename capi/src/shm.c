@@ -61,6 +61,7 @@ struct cx_shm {
     uint8_t **peer_pools;  /* [nlocal] the local ranks' pools as mapped here (own: NULL) */
     uint64_t *peer_sizes;  /* [nlocal] their sizes, for munmap */
     uint8_t *strip;        /* OWN_STRIP_BYTES of private scratch for the direct path */
+    uint8_t *piece;        /* a chunk of private scratch: its hierarchical form's block */
     char direct_off[512];  /* why the direct path is off */
 };
 
@@ -216,9 +217,11 @@ static void unmap_peer_pools(cx_shm *s)
     free(s->peer_pools);
     free(s->peer_sizes);
     free(s->strip);
+    free(s->piece);
     s->peer_pools = NULL;
     s->peer_sizes = NULL;
     s->strip = NULL;
+    s->piece = NULL;
 }
 
 /* Maps every peer's pool from the offers (after a barrier at which all offered), then agrees
@@ -230,7 +233,8 @@ static void setup_direct(cx_shm *s)
     s->peer_pools = calloc((size_t)s->nlocal, sizeof *s->peer_pools);
     s->peer_sizes = calloc((size_t)s->nlocal, sizeof *s->peer_sizes);
     s->strip = aligned_alloc(CACHE_LINE, OWN_STRIP_BYTES);
-    if (!s->peer_pools || !s->peer_sizes || !s->strip)
+    s->piece = aligned_alloc(CACHE_LINE, s->chunk);
+    if (!s->peer_pools || !s->peer_sizes || !s->strip || !s->piece)
         st = cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for the direct path");
     const char *fail = getenv("CFX_TEST_DIRECT_MAP_FAIL"); /* tests: this local rank cannot map */
     if (!st && fail && atoi(fail) == s->me)
@@ -387,10 +391,10 @@ static void copy_in_chunk(cx_shm *s, int k, const cx_segment *segs, cursor *c, c
 /* Writes this rank's offer for the direct path (every tensor of the batch, input and output, in
  * its shared pool, and nothing to prescale) and returns it. */
 static bool offer_direct(cx_shm *s, const cx_segment *segs, size_t nsegs, size_t esize,
-                         double prescale, bool hierarchical)
+                         double prescale)
 {
     direct_offer *o = &s->offers[s->me];
-    bool ok = !hierarchical && prescale == 1.0 && nsegs <= DIRECT_MAX_SEGS;
+    bool ok = prescale == 1.0 && nsegs <= DIRECT_MAX_SEGS;
     for (size_t i = 0; i < nsegs && ok; i++) {
         size_t bytes = segs[i].count * esize;
         o->at[i].src = o->at[i].dst = 0;
@@ -406,39 +410,104 @@ static bool offer_direct(cx_shm *s, const cx_segment *segs, size_t nsegs, size_t
     return ok;
 }
 
-/* The direct path: local rank i reduces block i of the whole batch in strips, straight from every
- * rank's tensors (the peers' through their pools as mapped here), in local-rank order as the copy
- * path does, and writes each strip's result into every rank's output, then waits for the others.
- * No slot, no chunking: each byte is read once and written once per rank. */
-static void direct_allreduce(cx_shm *s, const cx_segment *segs, size_t n, cfx_dtype dtype,
-                             cfx_reduce_op op, double postscale)
+/* A position in the batch for the direct path: segment `seg` holds elements [start, start +
+ * count); it only moves forward. */
+typedef struct batch_pos {
+    size_t seg, start;
+} batch_pos;
+
+/* Rank q's tensor at element `at` of the batch (input or output), through its pool as mapped here
+ * for a peer. Stretches never cross a segment: see direct_stretch. */
+static uint8_t *direct_at(const cx_shm *s, const cx_segment *segs, const batch_pos *p, int q,
+                          bool output, size_t at, size_t esize)
 {
-    size_t esize = cfx_dtype_size(dtype), strip = OWN_STRIP_BYTES / esize;
-    size_t lo = block_start(n, s->nlocal, s->me), hi = block_start(n, s->nlocal, s->me + 1);
-    size_t seg = 0, start = 0; /* segment `seg` holds elements [start, start + count) */
-    while (lo < hi) {
-        while (start + segs[seg].count <= lo)
-            start += segs[seg++].count;
-        size_t pos = lo - start;
-        size_t m = segs[seg].count - pos;
-        m = m < strip ? m : strip;
-        m = m < hi - lo ? m : hi - lo;
-        const uint8_t *in[2];
-        for (int q = 0; q < 2; q++)
-            in[q] = (q == s->me ? (const uint8_t *)segs[seg].src
-                                : s->peer_pools[q] + s->offers[q].at[seg].src) + pos * esize;
-        cx_reduce3(s->strip, in[0], in[1], m, dtype, op);
+    size_t pos = (at - p->start) * esize;
+    if (q == s->me)
+        return (output ? (uint8_t *)segs[p->seg].dst : (uint8_t *)segs[p->seg].src) + pos;
+    const direct_offer *o = &s->offers[q];
+    return s->peer_pools[q] + (output ? o->at[p->seg].dst : o->at[p->seg].src) + pos;
+}
+
+/* Moves `p` to the segment holding element `at` and returns how many elements from `at` on stay
+ * in it, at most `limit`. */
+static size_t direct_stretch(const cx_segment *segs, batch_pos *p, size_t at, size_t limit)
+{
+    while (p->start + segs[p->seg].count <= at)
+        p->start += segs[p->seg++].count;
+    size_t m = p->start + segs[p->seg].count - at;
+    return m < limit ? m : limit;
+}
+
+/* Reduces elements [lo, hi) of the batch over every local rank, in local-rank order (as the copy
+ * path does), straight from their tensors into `buf`. */
+static void direct_reduce(const cx_shm *s, const cx_segment *segs, batch_pos p, size_t lo,
+                          size_t hi, uint8_t *buf, cfx_dtype dtype, cfx_reduce_op op)
+{
+    size_t esize = cfx_dtype_size(dtype);
+    for (size_t at = lo, m; at < hi; at += m, buf += m * esize) {
+        m = direct_stretch(segs, &p, at, hi - at);
+        cx_reduce3(buf, direct_at(s, segs, &p, 0, false, at, esize),
+                   direct_at(s, segs, &p, 1, false, at, esize), m, dtype, op);
         for (int q = 2; q < s->nlocal; q++)
-            cx_reduce_into(s->strip, (q == s->me ? (const uint8_t *)segs[seg].src
-                                      : s->peer_pools[q] + s->offers[q].at[seg].src) + pos * esize,
-                           m, dtype, op);
+            cx_reduce_into(buf, direct_at(s, segs, &p, q, false, at, esize), m, dtype, op);
+    }
+}
+
+/* Writes `buf` (elements [lo, hi) of the result), scaled by postscale, into every local rank's
+ * output. */
+static void direct_write(const cx_shm *s, const cx_segment *segs, batch_pos p, size_t lo,
+                         size_t hi, const uint8_t *buf, cfx_dtype dtype, double postscale)
+{
+    size_t esize = cfx_dtype_size(dtype);
+    for (size_t at = lo, m; at < hi; at += m, buf += m * esize) {
+        m = direct_stretch(segs, &p, at, hi - at);
         for (int q = 0; q < s->nlocal; q++)
-            cx_scale_copy((q == s->me ? (uint8_t *)segs[seg].dst
-                           : s->peer_pools[q] + s->offers[q].at[seg].dst) + pos * esize,
-                          s->strip, m, dtype, postscale);
-        lo += m;
+            cx_scale_copy(direct_at(s, segs, &p, q, true, at, esize), buf, m, dtype, postscale);
+    }
+}
+
+/* The direct path: every local rank's tensors are in its pool, so nothing is copied in or out.
+ * On one host, local rank i reduces block i of the whole batch in L1-sized strips, each written
+ * into every rank's output right after its reduction. Across hosts (hierarchical), the work keeps
+ * the copy path's chunks and blocks, so every local rank makes exactly the cross-host calls the
+ * copy path makes and each host may take either path: block i of each chunk is reduced into
+ * private scratch, allreduced across hosts, then written into every local rank's output. (Not the
+ * shared result area: with no barrier per chunk, a rank's block of a short last chunk would
+ * overlap a slower rank's block of a full one.) Every element has one reader and one writer, so
+ * the only barrier is the one at the end. */
+static cfx_status direct_allreduce(cx_shm *s, cx_transport *t, const cx_segment *segs, size_t n,
+                                   cfx_dtype dtype, cfx_reduce_op op, double postscale,
+                                   bool hierarchical)
+{
+    size_t esize = cfx_dtype_size(dtype);
+    batch_pos p = {0, 0};
+    cfx_status st = CFX_OK;
+    if (!hierarchical) {
+        size_t lo = block_start(n, s->nlocal, s->me), hi = block_start(n, s->nlocal, s->me + 1);
+        for (size_t a = lo, strip = OWN_STRIP_BYTES / esize; a < hi; a += strip) {
+            size_t e = hi - a < strip ? hi : a + strip;
+            direct_stretch(segs, &p, a, 0); /* p to a's segment: both helpers start there */
+            direct_reduce(s, segs, p, a, e, s->strip, dtype, op);
+            direct_write(s, segs, p, a, e, s->strip, dtype, postscale);
+        }
+    } else {
+        size_t per_chunk = s->chunk / esize;
+        for (size_t off = 0; off < n && !st; off += per_chunk) {
+            size_t count = n - off < per_chunk ? n - off : per_chunk;
+            size_t lo = off + block_start(count, s->nlocal, s->me);
+            size_t hi = off + block_start(count, s->nlocal, s->me + 1);
+            uint8_t *res = s->piece;
+            if (lo < hi)
+                direct_stretch(segs, &p, lo, 0);
+            direct_reduce(s, segs, p, lo, hi, res, dtype, op);
+            /* Ranks with an empty block still call, so the cross communicator's calls match. */
+            st = t->ops->cross_allreduce(t, res, hi - lo, dtype, op);
+            if (!st)
+                direct_write(s, segs, p, lo, hi, res, dtype, postscale);
+        }
     }
     barrier(s);
+    return st;
 }
 
 cfx_status cx_shm_allreduce(cx_shm *s, cx_transport *t, const cx_segment *segs, size_t nsegs,
@@ -464,7 +533,7 @@ cfx_status cx_shm_allreduce(cx_shm *s, cx_transport *t, const cx_segment *segs, 
      * it copies in after the barrier, and one more barrier follows. Every rank reads the same
      * offers, so all take the same path. */
     bool offers = n && s->direct != DIRECT_OFF; /* the same on every rank */
-    bool offered = offers && offer_direct(s, segs, nsegs, esize, prescale, hierarchical);
+    bool offered = offers && offer_direct(s, segs, nsegs, esize, prescale);
     int k = 0;
     for (size_t off = 0; off < n; off += per_chunk, k ^= 1) {
         size_t count = n - off < per_chunk ? n - off : per_chunk;
@@ -480,10 +549,8 @@ cfx_status cx_shm_allreduce(cx_shm *s, cx_transport *t, const cx_segment *segs, 
                 takers += s->offers[q].ok && s->offers[q].nsegs == nsegs;
             if (takers == s->nlocal && s->direct == DIRECT_UNTRIED)
                 setup_direct(s);
-            if (takers == s->nlocal && s->direct == DIRECT_READY) {
-                direct_allreduce(s, segs, n, dtype, op, postscale);
-                return CFX_OK;
-            }
+            if (takers == s->nlocal && s->direct == DIRECT_READY)
+                return direct_allreduce(s, t, segs, n, dtype, op, postscale, hierarchical);
             if (takers) { /* some ranks skipped their copy in */
                 if (offered)
                     copy_in_chunk(s, k, segs, &in_first, &own, count, lo, hi, stage_own, false,

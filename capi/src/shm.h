@@ -21,8 +21,10 @@
  * block i of the whole batch, strip by strip, straight from every rank's tensors and writes the
  * result into every rank's output, with one barrier at the end. Each rank offers the direct path
  * in the segment before the first barrier of a batch and all read the offers after it, so all
- * take the same path; ranks that mix pooled and private tensors, a prescale, hierarchical mode or
- * a joined rank take the copies. The reduction order is the same, so are the results.
+ * ranks of a host take the same path; ranks that mix pooled and private tensors, a prescale or a
+ * joined rank take the copies. Across hosts the direct path keeps the copy path's chunks, blocks
+ * and cross-host calls, so each host chooses on its own. The reduction order is the same, so are
+ * the results.
  *
  * Hierarchical mode (the job spans hosts): after the local reduction, each local rank allreduces
  * its own block across hosts over MPI (the cross communicator), so every local rank drives its own

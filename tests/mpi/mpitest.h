@@ -66,7 +66,8 @@ void mt_wait_expect(cfx_context *ctx, cfx_handle h, cfx_status want, const char 
 
 /* Tensor memory for the tests. CFX_TEST_SHARED_TENSORS selects where it comes from: unset or
  * "none": malloc; "all": cfx_alloc (shared tensor memory) on every rank; "odd": cfx_alloc on odd
- * ranks only (a mixed batch). A failed allocation is a test failure (NULL returned). */
+ * ranks only (a mixed batch); "low": on the lower half of the ranks (with CFX_TEST_LOCAL_SIZE, one
+ * pretend host shared, the other not). A failed allocation is a test failure (NULL returned). */
 void *mt_tensor_alloc(size_t bytes);
 void mt_tensor_free(void *p);
 
