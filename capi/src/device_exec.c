@@ -373,13 +373,20 @@ static cfx_status release_callers(cx_exec *x, cx_device *d, cx_entry *const *ent
     return st ? st : wait_event(x, d, d->ev_done);
 }
 
+/* A staging buffer's next capacity: doubled from `cap` (64 KiB at first) until `bytes` fit. */
+static size_t grown_capacity(size_t cap, size_t bytes)
+{
+    cap = cap ? cap : 65536;
+    while (cap < bytes)
+        cap *= 2;
+    return cap;
+}
+
 static cfx_status reserve_pinned(cx_device *d, size_t bytes)
 {
     if (d->pinned_cap >= bytes && d->pinned)
         return CFX_OK;
-    size_t cap = d->pinned_cap ? d->pinned_cap : 65536;
-    while (cap < bytes)
-        cap *= 2;
+    size_t cap = grown_capacity(d->pinned_cap, bytes);
     void *p = NULL;
     cfx_status st = cx_cuda_host_alloc(cap, &p);
     if (st)
@@ -402,14 +409,11 @@ static cfx_status local_failure(const cx_device *d)
 /* ---- allreduce -------------------------------------------------------------------------------- */
 
 #if CFX_DEVICE_NCCL
-/* The unpack factor: postscale, and 1/size for AVERAGE (as execute.c's host path). */
 static cfx_status reserve_fusion(cx_device *d, size_t bytes)
 {
     if (d->fusion_cap >= bytes && d->fusion)
         return CFX_OK;
-    size_t cap = d->fusion_cap ? d->fusion_cap : 65536;
-    while (cap < bytes)
-        cap *= 2;
+    size_t cap = grown_capacity(d->fusion_cap, bytes);
     cx_cuda_free(d->fusion); /* cudaFree waits for the kernels that used it; growth only */
     d->fusion = NULL;
     d->fusion_cap = 0;

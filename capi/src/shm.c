@@ -439,30 +439,30 @@ static size_t direct_stretch(const cx_segment *segs, batch_pos *p, size_t at, si
 }
 
 /* Reduces elements [lo, hi) of the batch over every local rank, in local-rank order (as the copy
- * path does), straight from their tensors into `buf`. */
-static void direct_reduce(const cx_shm *s, const cx_segment *segs, batch_pos p, size_t lo,
+ * path does), straight from their tensors into `buf`; `*p` moves along. */
+static void direct_reduce(const cx_shm *s, const cx_segment *segs, batch_pos *p, size_t lo,
                           size_t hi, uint8_t *buf, cfx_dtype dtype, cfx_reduce_op op)
 {
     size_t esize = cfx_dtype_size(dtype);
     for (size_t at = lo, m; at < hi; at += m, buf += m * esize) {
-        m = direct_stretch(segs, &p, at, hi - at);
-        cx_reduce3(buf, direct_at(s, segs, &p, 0, false, at, esize),
-                   direct_at(s, segs, &p, 1, false, at, esize), m, dtype, op);
+        m = direct_stretch(segs, p, at, hi - at);
+        cx_reduce3(buf, direct_at(s, segs, p, 0, false, at, esize),
+                   direct_at(s, segs, p, 1, false, at, esize), m, dtype, op);
         for (int q = 2; q < s->nlocal; q++)
-            cx_reduce_into(buf, direct_at(s, segs, &p, q, false, at, esize), m, dtype, op);
+            cx_reduce_into(buf, direct_at(s, segs, p, q, false, at, esize), m, dtype, op);
     }
 }
 
 /* Writes `buf` (elements [lo, hi) of the result), scaled by postscale, into every local rank's
- * output. */
-static void direct_write(const cx_shm *s, const cx_segment *segs, batch_pos p, size_t lo,
+ * output; `*p` moves along. */
+static void direct_write(const cx_shm *s, const cx_segment *segs, batch_pos *p, size_t lo,
                          size_t hi, const uint8_t *buf, cfx_dtype dtype, double postscale)
 {
     size_t esize = cfx_dtype_size(dtype);
     for (size_t at = lo, m; at < hi; at += m, buf += m * esize) {
-        m = direct_stretch(segs, &p, at, hi - at);
+        m = direct_stretch(segs, p, at, hi - at);
         for (int q = 0; q < s->nlocal; q++)
-            cx_scale_copy(direct_at(s, segs, &p, q, true, at, esize), buf, m, dtype, postscale);
+            cx_scale_copy(direct_at(s, segs, p, q, true, at, esize), buf, m, dtype, postscale);
     }
 }
 
@@ -480,15 +480,14 @@ static cfx_status direct_allreduce(cx_shm *s, cx_transport *t, const cx_segment 
                                    bool hierarchical)
 {
     size_t esize = cfx_dtype_size(dtype);
-    batch_pos p = {0, 0};
+    batch_pos rd = {0, 0}, wr = {0, 0}; /* where the reads and the writes have got to */
     cfx_status st = CFX_OK;
     if (!hierarchical) {
         size_t lo = block_start(n, s->nlocal, s->me), hi = block_start(n, s->nlocal, s->me + 1);
         for (size_t a = lo, strip = OWN_STRIP_BYTES / esize; a < hi; a += strip) {
             size_t e = hi - a < strip ? hi : a + strip;
-            direct_stretch(segs, &p, a, 0); /* p to a's segment: both helpers start there */
-            direct_reduce(s, segs, p, a, e, s->strip, dtype, op);
-            direct_write(s, segs, p, a, e, s->strip, dtype, postscale);
+            direct_reduce(s, segs, &rd, a, e, s->strip, dtype, op);
+            direct_write(s, segs, &wr, a, e, s->strip, dtype, postscale);
         }
     } else {
         size_t per_chunk = s->chunk / esize;
@@ -496,14 +495,11 @@ static cfx_status direct_allreduce(cx_shm *s, cx_transport *t, const cx_segment 
             size_t count = n - off < per_chunk ? n - off : per_chunk;
             size_t lo = off + block_start(count, s->nlocal, s->me);
             size_t hi = off + block_start(count, s->nlocal, s->me + 1);
-            uint8_t *res = s->piece;
-            if (lo < hi)
-                direct_stretch(segs, &p, lo, 0);
-            direct_reduce(s, segs, p, lo, hi, res, dtype, op);
+            direct_reduce(s, segs, &rd, lo, hi, s->piece, dtype, op);
             /* Ranks with an empty block still call, so the cross communicator's calls match. */
-            st = t->ops->cross_allreduce(t, res, hi - lo, dtype, op);
+            st = t->ops->cross_allreduce(t, s->piece, hi - lo, dtype, op);
             if (!st)
-                direct_write(s, segs, p, lo, hi, res, dtype, postscale);
+                direct_write(s, segs, &wr, lo, hi, s->piece, dtype, postscale);
         }
     }
     barrier(s);

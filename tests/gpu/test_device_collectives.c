@@ -24,6 +24,18 @@ static const char *const TEST = "test_device_collectives";
 
 static float value(int rank, size_t i) { return (float)(rank + 1) + (float)(i % 7); }
 
+/* Allreduces the device tensor `t` in place, waits, and copies its `bytes` back into `host`. */
+static void allreduce_and_fetch(cfx_context *ctx, const char *name, cfx_tensor *t, double pre,
+                                double post, void *host, size_t bytes, void *stream)
+{
+    cfx_handle hd = 0;
+    CHECK_OK(cfx_allreduce_async(ctx, name, t, NULL, CFX_OP_SUM, pre, post, &hd));
+    CHECK_OK(cfx_wait(ctx, hd, 120.0));
+    cfx_handle_release(ctx, hd);
+    REQUIRE_OK(cx_cuda_memcpy_async(host, t->data, bytes, stream));
+    REQUIRE_OK(cx_cuda_stream_sync(stream));
+}
+
 /* Kernels write the gradient on `stream` right before the call, and the host never waits: the
  * engine must order its reads after them (producer-stream event). 40 scale kernels by 2 and 0.5
  * over 16 Mi floats leave the values unchanged (exact in float32) but take long enough that an
@@ -43,12 +55,7 @@ static void test_producer_stream(cfx_context *ctx, void *stream, int device)
     REQUIRE_OK(cx_cuda_scale(d, d, n, CFX_FLOAT32, 3.0, stream));
     int64_t shape = (int64_t)n;
     cfx_tensor t = {d, &shape, 1, CFX_FLOAT32, device, stream};
-    cfx_handle hd = 0;
-    CHECK_OK(cfx_allreduce_async(ctx, "dev.ordered", &t, NULL, CFX_OP_SUM, 1.0, 1.0, &hd));
-    CHECK_OK(cfx_wait(ctx, hd, 120.0));
-    cfx_handle_release(ctx, hd);
-    REQUIRE_OK(cx_cuda_memcpy_async(h, d, n * sizeof *h, stream));
-    REQUIRE_OK(cx_cuda_stream_sync(stream));
+    allreduce_and_fetch(ctx, "dev.ordered", &t, 1.0, 1.0, h, n * sizeof *h, stream);
     size_t bad = 0;
     for (size_t i = 0; i < n; i++) {
         float want = 0;
@@ -75,12 +82,7 @@ static void test_lone_tensor_and_int16(cfx_context *ctx, void *stream, int devic
     REQUIRE_OK(cx_cuda_memcpy_async(d, h, n * sizeof *h, stream));
     int64_t shape = (int64_t)n;
     cfx_tensor t = {d, &shape, 1, CFX_FLOAT32, device, stream};
-    cfx_handle hd = 0;
-    CHECK_OK(cfx_allreduce_async(ctx, "dev.lone", &t, NULL, CFX_OP_SUM, 0.5, 4.0, &hd));
-    CHECK_OK(cfx_wait(ctx, hd, 120.0));
-    cfx_handle_release(ctx, hd);
-    REQUIRE_OK(cx_cuda_memcpy_async(h, d, n * sizeof *h, stream));
-    REQUIRE_OK(cx_cuda_stream_sync(stream));
+    allreduce_and_fetch(ctx, "dev.lone", &t, 0.5, 4.0, h, n * sizeof *h, stream);
     size_t bad = 0;
     for (size_t i = 0; i < n; i++) {
         float want = 0;
@@ -98,11 +100,7 @@ static void test_lone_tensor_and_int16(cfx_context *ctx, void *stream, int devic
     REQUIRE_OK(cx_cuda_memcpy_async(di, hi, sizeof hi, stream));
     int64_t ishape = NI;
     cfx_tensor ti = {di, &ishape, 1, CFX_INT16, device, stream};
-    CHECK_OK(cfx_allreduce_async(ctx, "dev.int16", &ti, NULL, CFX_OP_SUM, 1.0, 1.0, &hd));
-    CHECK_OK(cfx_wait(ctx, hd, 120.0));
-    cfx_handle_release(ctx, hd);
-    REQUIRE_OK(cx_cuda_memcpy_async(hi, di, sizeof hi, stream));
-    REQUIRE_OK(cx_cuda_stream_sync(stream));
+    allreduce_and_fetch(ctx, "dev.int16", &ti, 1.0, 1.0, hi, sizeof hi, stream);
     bad = 0;
     for (int i = 0; i < NI; i++) {
         int want = 0;

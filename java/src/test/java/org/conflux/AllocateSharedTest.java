@@ -12,7 +12,6 @@ import java.nio.ByteOrder;
 import java.nio.FloatBuffer;
 import java.util.ArrayList;
 import java.util.List;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.MethodOrderer;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.TestMethodOrder;
@@ -22,17 +21,7 @@ import org.junit.jupiter.api.TestMethodOrder;
  * sums computed here, and the misuse freeShared must refuse. Only the a* methods are collective.
  */
 @TestMethodOrder(MethodOrderer.MethodName.class)
-class AllocateSharedTest {
-    static Conflux cfx;
-    static int rank;
-    static int size;
-
-    @BeforeAll
-    static void init() {
-        cfx = TestContext.get();
-        rank = cfx.rank();
-        size = cfx.size();
-    }
+class AllocateSharedTest extends OnSharedContext {
 
     static long address(ByteBuffer b) {
         return ConfluxNative.cfxj_buffer_address(b);

@@ -16,24 +16,13 @@ import java.nio.LongBuffer;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.TimeUnit;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.MethodOrderer;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.TestMethodOrder;
 
 /** Every collective on every data kind, checked against values computed here. */
 @TestMethodOrder(MethodOrderer.MethodName.class)
-class CollectivesTest {
-    static Conflux cfx;
-    static int rank;
-    static int size;
-
-    @BeforeAll
-    static void init() {
-        cfx = TestContext.get();
-        rank = cfx.rank();
-        size = cfx.size();
-    }
+class CollectivesTest extends OnSharedContext {
 
     static ByteBuffer direct(int bytes) {
         return ByteBuffer.allocateDirect(bytes).order(ByteOrder.nativeOrder());

@@ -9,24 +9,13 @@ import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.FloatBuffer;
 import java.util.concurrent.TimeUnit;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.MethodOrderer;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.TestMethodOrder;
 
 /** Failures: across ranks (mismatch, duplicates) and local bad arguments; stalls: LifecycleTest. */
 @TestMethodOrder(MethodOrderer.MethodName.class)
-class ErrorsTest {
-    static Conflux cfx;
-    static int rank;
-    static int size;
-
-    @BeforeAll
-    static void init() {
-        cfx = TestContext.get();
-        rank = cfx.rank();
-        size = cfx.size();
-    }
+class ErrorsTest extends OnSharedContext {
 
     static void assertWorks(String name) {
         float[] x = {rank + 1f, 2f};
