@@ -27,14 +27,6 @@ class AllocateSharedTest extends OnSharedContext {
         return ConfluxNative.cfxj_buffer_address(b);
     }
 
-    static double sumOver(int i) {
-        double s = 0;
-        for (int r = 0; r < size; r++) {
-            s += TestContext.value(r, i);
-        }
-        return s;
-    }
-
     @Test
     void a01_allreduceLargeSharedBufferInPlace() {
         int n = 300_000;  // 1.2 MB: more than 1 MiB, so over several pipeline chunks

@@ -28,14 +28,6 @@ class CollectivesTest extends OnSharedContext {
         return ByteBuffer.allocateDirect(bytes).order(ByteOrder.nativeOrder());
     }
 
-    static double sumOver(int i) {
-        double s = 0;
-        for (int r = 0; r < size; r++) {
-            s += TestContext.value(r, i);
-        }
-        return s;
-    }
-
     @Test
     void a01_topology() {
         String env = System.getenv("OMPI_COMM_WORLD_SIZE");

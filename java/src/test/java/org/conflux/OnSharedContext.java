@@ -4,7 +4,7 @@ import org.junit.jupiter.api.BeforeAll;
 
 /**
  * Base of the test classes that run on the shared context (TestContext, one per rank): the
- * context, this rank and the job size, set before the class's first test.
+ * context, this rank and the job size, set before the class's first test, and the expected sums.
  */
 abstract class OnSharedContext {
     static Conflux cfx;
@@ -16,5 +16,14 @@ abstract class OnSharedContext {
         cfx = TestContext.get();
         rank = cfx.rank();
         size = cfx.size();
+    }
+
+    /** Sum over every rank of its known contribution to element i (TestContext.value). */
+    static double sumOver(int i) {
+        double s = 0;
+        for (int r = 0; r < size; r++) {
+            s += TestContext.value(r, i);
+        }
+        return s;
     }
 }
