@@ -21,8 +21,8 @@
 #include <time.h>
 
 #include "conflux/conflux.h"
-#include "context.h"
-#include "transport_local.h"
+#include "engine/context.h"
+#include "transport/transport_local.h"
 
 typedef struct shared {
     int size, tensors, warmup, reps;

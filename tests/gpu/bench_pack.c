@@ -15,8 +15,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "cuda_kernels.h"
-#include "error.h"
+#include "cuda/cuda_kernels.h"
+#include "base/error.h"
 
 #define MAX_TENSORS 4096
 

@@ -1,13 +1,13 @@
 /*
  * support_error - cx_fail() and friends for test programs that link the static conflux_cuda next
  * to the shared libconflux: conflux_cuda records its messages with cx_fail, which libconflux keeps
- * hidden, and linking capi/src/error.c instead would also define cfx_last_error() and
+ * hidden, and linking capi/src/base/error.c instead would also define cfx_last_error() and
  * cfx_status_string() in the executable, shadowing the library's own.
  */
 #include <stdarg.h>
 #include <stdio.h>
 
-#include "error.h"
+#include "base/error.h"
 
 static _Thread_local char message[CX_ERROR_MAX];
 

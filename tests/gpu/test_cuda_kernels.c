@@ -13,10 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_kernels.h"
-#include "error.h"
+#include "cuda/cuda_kernels.h"
+#include "base/error.h"
 #include "gpu_test.h"
-#include "reduce.h"
+#include "kernels/reduce.h"
 
 static const char *const TEST = "test_cuda_kernels";
 

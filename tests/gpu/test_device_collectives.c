@@ -16,8 +16,8 @@
 #include <string.h>
 
 #include "conflux/conflux.h"
-#include "cuda_kernels.h"
-#include "error.h"
+#include "cuda/cuda_kernels.h"
+#include "base/error.h"
 #include "gpu_test.h"
 
 static const char *const TEST = "test_device_collectives";

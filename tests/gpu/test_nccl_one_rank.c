@@ -14,11 +14,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_kernels.h"
-#include "error.h"
+#include "cuda/cuda_kernels.h"
+#include "base/error.h"
 #include "gpu_test.h"
-#include "nccl_transport.h"
-#include "reduce.h"
+#include "cuda/nccl_transport.h"
+#include "kernels/reduce.h"
 
 static const char *const TEST = "test_nccl_one_rank";
 

@@ -5,8 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "context.h"
-#include "transport_local.h"
+#include "engine/context.h"
+#include "transport/transport_local.h"
 
 typedef struct rank_job {
     cx_local_world *world;

@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <stdint.h>
 
-#include "config.h"
+#include "base/config.h"
 #include "conflux/conflux.h"
 
 /* Body of one thread rank. Returns 0 on success; a failing assertion inside aborts the test. */

@@ -17,10 +17,10 @@
 
 #include <cmocka.h>
 
-#include "autotune.h"
-#include "context.h"
+#include "observe/autotune.h"
+#include "engine/context.h"
 #include "support.h"
-#include "wire.h"
+#include "protocol/wire.h"
 
 static char csv_path[256];
 

@@ -12,10 +12,10 @@
 
 #include <cmocka.h>
 
-#include "cache.h"
-#include "dtype.h"
-#include "fusion.h"
-#include "negotiate.h"
+#include "protocol/cache.h"
+#include "base/dtype.h"
+#include "protocol/fusion.h"
+#include "protocol/negotiate.h"
 
 static cx_request req(const char *name, int coll, int dtype, int64_t n)
 {

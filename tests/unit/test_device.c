@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "device_exec.h"
+#include "exec/device_exec.h"
 #include "support.h"
 
 static cx_device_info info(int usable, int nccl, const char *host, const char *bus)

@@ -14,7 +14,7 @@
 
 #include <cmocka.h>
 
-#include "reduce.h"
+#include "kernels/reduce.h"
 #include "support.h"
 
 static const int rank_counts[] = {1, 2, 3, 5, 8};

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "reduce.h"
+#include "kernels/reduce.h"
 
 /* ---- helpers ------------------------------------------------------------------------------------ */
 

@@ -20,7 +20,7 @@
 #include <cmocka.h>
 
 #include "conflux/conflux.h"
-#include "shared_pool.h"
+#include "exec/shared_pool.h"
 
 #define POOL_BYTES (64u << 20)
 

@@ -16,9 +16,9 @@
 
 #include <cmocka.h>
 
-#include "context.h"
+#include "engine/context.h"
 #include "support.h"
-#include "timeline.h"
+#include "observe/timeline.h"
 
 static char dir[256];
 static char tl_path[512];

@@ -9,7 +9,7 @@
 
 #include <cmocka.h>
 
-#include "wire.h"
+#include "protocol/wire.h"
 
 static cx_request sample_request(int i)
 {

@@ -1,5 +1,5 @@
 /* cuda_kernels - batched pack/unpack, scaling, conversions and stream helpers (see cuda_kernels.h). */
-#include "cuda_kernels.h"
+#include "cuda/cuda_kernels.h"
 
 #include <cuda_runtime.h>
 
@@ -9,7 +9,7 @@
 #include <time.h>
 
 extern "C" {
-#include "error.h"
+#include "base/error.h"
 }
 
 /* ---- errors ----------------------------------------------------------------------------------- */

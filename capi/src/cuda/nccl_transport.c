@@ -1,5 +1,5 @@
 /* nccl_transport - collectives on device memory over NCCL (see nccl_transport.h). */
-#include "nccl_transport.h"
+#include "cuda/nccl_transport.h"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "error.h"
+#include "base/error.h"
 
 struct cx_nccl {
     ncclComm_t comm;

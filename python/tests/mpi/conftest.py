@@ -46,7 +46,7 @@ def contribution(rank, shape, dtype_name, seed, positive=False):
 
 
 def expected_reduce(op, xs, dtype_name, prescale=1.0, postscale=1.0):
-    """The reduction of the float64 contributions `xs` as the ABI defines it (capi/src/reduce.h):
+    """The reduction of the float64 contributions `xs` as the ABI defines it (capi/src/kernels/reduce.h):
     Average = Sum then a postscale of postscale / size; integers scale in double and truncate toward
     zero; bool sum/max/average = or, min/product = and."""
     a = np.stack(xs)

@@ -1,0 +1,361 @@
+/* context - lifetime of a cfx_context (see context.h). */
+#include "engine/context.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "exec/execute.h"
+#include "engine/loop.h"
+#include "exec/shm.h"
+#include "observe/timeline.h"
+
+/* ---- the exit handler --------------------------------------------------------------------
+ * A rank that returns from main (or calls exit) without cfx_shutdown would leave the other ranks
+ * waiting for it forever. The handler, registered at the first context creation (after MPI's own
+ * finalizer, so it runs before it), shuts every live context of the process down as cfx_shutdown
+ * would, marked as an exit (shutdown_requested = 2): the other ranks' pending handles fail with
+ * CFX_ERR_SHUT_DOWN naming this rank. This list is the engine's one process-global registry. */
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+static cfx_context *live_head;
+static pid_t live_pid; /* the process the list belongs to: a forked child inherits a stale copy */
+static pthread_once_t live_once = PTHREAD_ONCE_INIT;
+
+static void exit_handler(void)
+{
+    pthread_mutex_lock(&live_mu);
+    if (live_pid != getpid()) /* a forked child: its parent's contexts have no thread here */
+        live_head = NULL;
+    for (cfx_context *c = live_head; c; c = c->live_next)
+        if (c->thread_started) {
+            int expected = 0;
+            atomic_compare_exchange_strong(&c->shutdown_requested, &expected, 2);
+            cx_queue_wake(&c->queue);
+        }
+    for (cfx_context *c = live_head; c; c = c->live_next)
+        cx_context_shutdown(c); /* all flagged first: thread ranks of one process leave together */
+    pthread_mutex_unlock(&live_mu);
+}
+
+static void register_exit_handler(void) { atexit(exit_handler); }
+
+static void live_add(cfx_context *ctx)
+{
+    pthread_once(&live_once, register_exit_handler);
+    pthread_mutex_lock(&live_mu);
+    if (live_pid != getpid()) {
+        live_pid = getpid();
+        live_head = NULL;
+    }
+    ctx->live_next = live_head;
+    live_head = ctx;
+    pthread_mutex_unlock(&live_mu);
+}
+
+static void live_remove(cfx_context *ctx)
+{
+    pthread_mutex_lock(&live_mu);
+    for (cfx_context **p = &live_head; *p; p = &(*p)->live_next)
+        if (*p == ctx) {
+            *p = ctx->live_next;
+            break;
+        }
+    pthread_mutex_unlock(&live_mu);
+}
+
+/* ---- timeline hand-over (see context.h) ------------------------------------------------------ */
+
+/* The loop's timeline hand-over (cx_loop_env.take_timeline): adopts what cfx_timeline_start/stop
+ * or CFX_TIMELINE left in tl_next, closes the old one, and wakes the caller waiting for it. */
+static cx_timeline *take_timeline(void *owner)
+{
+    cfx_context *ctx = owner;
+    pthread_mutex_lock(&ctx->tl_mu);
+    cx_timeline *old = ctx->timeline;
+    ctx->timeline = ctx->tl_next;
+    ctx->tl_next = NULL;
+    uint64_t ticket = ctx->tl_requested;
+    atomic_store(&ctx->tl_change, 0);
+    pthread_mutex_unlock(&ctx->tl_mu);
+    cx_timeline_destroy(old); /* closed before cfx_timeline_stop returns */
+    pthread_mutex_lock(&ctx->tl_mu);
+    ctx->tl_applied = ticket;
+    pthread_cond_broadcast(&ctx->tl_cv);
+    pthread_mutex_unlock(&ctx->tl_mu);
+    return ctx->timeline;
+}
+
+static cfx_status open_timeline(cfx_context *ctx, const char *path, bool mark_cycles,
+                                cx_timeline **out)
+{
+    char full[CX_PATH_MAX + 32];
+    cx_timeline_rank_path(path, ctx->rank, full, sizeof full);
+    return cx_timeline_create(full, ctx->rank, ctx->cfg.timeline_max_bytes, mark_cycles,
+                              &ctx->log, out);
+}
+
+cfx_status cx_context_set_timeline(cfx_context *ctx, const char *path, bool mark_cycles)
+{
+    cx_timeline *tl = NULL;
+    cfx_status st = path ? open_timeline(ctx, path, mark_cycles, &tl) : CFX_OK;
+    if (st)
+        return st;
+    pthread_mutex_lock(&ctx->tl_mu);
+    if (!ctx->thread_started || !atomic_load(&ctx->running)) {
+        pthread_mutex_unlock(&ctx->tl_mu);
+        cx_timeline_destroy(tl);
+        return cx_fail(CFX_ERR_SHUT_DOWN, "cfx_timeline_%s: the context has been shut down",
+                       path ? "start" : "stop");
+    }
+    cx_timeline *stale = ctx->tl_next; /* handed over earlier, never adopted */
+    ctx->tl_next = tl;
+    uint64_t ticket = ++ctx->tl_requested;
+    atomic_store(&ctx->tl_change, 1);
+    pthread_mutex_unlock(&ctx->tl_mu);
+    cx_timeline_destroy(stale);
+    cx_queue_wake(&ctx->queue);
+    pthread_mutex_lock(&ctx->tl_mu);
+    while (ctx->tl_applied < ticket && atomic_load(&ctx->running)) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 10000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&ctx->tl_cv, &ctx->tl_mu, &ts);
+    }
+    pthread_mutex_unlock(&ctx->tl_mu);
+    return CFX_OK;
+}
+
+/* Every rank adopts rank 0's shape-deciding settings; a rank whose own differ says so. */
+static cfx_status agree_config(cfx_context *ctx)
+{
+    cx_transport *t = ctx->transport;
+    if (t->size == 1)
+        return CFX_OK;
+    cx_config_agreed mine, *agreed = &mine;
+    cx_config_get_agreed(&ctx->cfg, &mine);
+    void *buf = &mine;
+    size_t len = sizeof mine;
+    cfx_status st = t->ops->bcast_bytes(t, &buf, &len, 0);
+    if (st)
+        return st;
+    if (t->rank != 0) {
+        if (len != sizeof mine) {
+            free(buf);
+            return cx_fail(CFX_ERR_INTERNAL, "configuration from rank 0 has %zu bytes, %zu expected",
+                           len, sizeof mine);
+        }
+        agreed = buf;
+        if (memcmp(agreed, &mine, sizeof mine) != 0)
+            cx_log(&ctx->log, CX_LOG_WARNING, "context", "this rank's settings (CFX_* variables or "
+                   "options) differ from rank 0's; using rank 0's so that all ranks fuse and chunk "
+                   "alike");
+        cx_config_set_agreed(&ctx->cfg, agreed);
+        free(buf);
+    }
+    return CFX_OK;
+}
+
+/* Whether every host has the same number of ranks (the two-level path needs equal blocks). */
+static cfx_status homogeneous(cx_transport *t, bool *out)
+{
+    int n = t->size;
+    int32_t mine = t->local_size, *all = malloc(sizeof *all * (size_t)n);
+    size_t *bytes = malloc(sizeof *bytes * (size_t)n), *displs = malloc(sizeof *displs * (size_t)n);
+    cfx_status st = (all && bytes && displs) ? CFX_OK
+                                             : cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory");
+    for (int r = 0; !st && r < n; r++) {
+        bytes[r] = sizeof mine;
+        displs[r] = (size_t)r * sizeof mine;
+    }
+    if (!st)
+        st = t->ops->allgatherv(t, &mine, sizeof mine, all, bytes, displs);
+    *out = true;
+    for (int r = 0; !st && r < n; r++)
+        *out = *out && all[r] == mine;
+    free(all);
+    free(bytes);
+    free(displs);
+    return st;
+}
+
+/* Chooses the allreduce data path: shared memory on one host, shared memory + MPI across hosts
+ * (hierarchical), or MPI alone. Collective: every decision below is taken from values all ranks
+ * share, so all ranks make the same collective calls. */
+static cfx_status setup_data_path(cfx_context *ctx)
+{
+    cx_transport *t = ctx->transport;
+    const cx_config *c = &ctx->cfg;
+    bool mpi = strcmp(t->ops->name, "mpi") == 0;
+    bool wanted = c->shm == 1 || (c->shm == -1 && mpi);
+    if (t->size == 1 || !wanted)
+        return CFX_OK;
+    uint64_t one_host = t->local_size == t->size ? 1 : 0;
+    cfx_status st = t->ops->allreduce_and(t, &one_host, 1);
+    if (st)
+        return st;
+    if (!one_host) {
+        bool same = false;
+        if ((st = homogeneous(t, &same)))
+            return st;
+        if (c->hierarchical == 0 || !t->ops->cross_allreduce)
+            return CFX_OK;
+        if (!same) {
+            if (t->rank == 0)
+                cx_log(&ctx->log, CX_LOG_WARNING, "context", "hosts have different numbers of ranks: "
+                   "hierarchical allreduce is off, MPI carries every allreduce");
+            return CFX_OK;
+        }
+    }
+    if (t->local_size == 1) /* the same on every rank here */
+        return CFX_OK;
+    st = cx_shm_create(t, (size_t)c->chunk_bytes, &ctx->shm);
+    if (st == CFX_ERR_TRANSPORT) { /* no usable /dev/shm: MPI alone still works */
+        cx_log(&ctx->log, CX_LOG_WARNING, "context", "%s; MPI carries every allreduce",
+               cx_error_message());
+        return CFX_OK;
+    }
+    ctx->hierarchical = !one_host;
+    return st;
+}
+
+static cfx_status open_log(cfx_context *ctx)
+{
+    ctx->log.level = ctx->cfg.log_level;
+    ctx->log.rank = ctx->rank;
+    ctx->log.fd = 2;
+    if (ctx->cfg.log_file[0]) {
+        int fd = open(ctx->cfg.log_file, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        if (fd < 0)
+            return cx_fail(CFX_ERR_CONFIG, "CFX_LOG_FILE=\"%s\": cannot open for appending",
+                           ctx->cfg.log_file);
+        ctx->log.fd = fd;
+        ctx->log.owns_fd = 1;
+    }
+    return CFX_OK;
+}
+
+cfx_status cx_context_create(cx_transport *transport, const cx_config *cfg, cfx_context **out)
+{
+    cfx_context *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) {
+        transport->ops->destroy(transport);
+        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for a context");
+    }
+    ctx->cfg = *cfg;
+    ctx->transport = transport;
+    ctx->rank = transport->rank;
+    ctx->size = transport->size;
+    ctx->local_rank = transport->local_rank;
+    ctx->local_size = transport->local_size;
+    ctx->cross_rank = transport->cross_rank;
+    ctx->cross_size = transport->cross_size;
+    cfx_status st = open_log(ctx);
+    pthread_mutex_init(&ctx->tl_mu, NULL);
+    pthread_cond_init(&ctx->tl_cv, NULL);
+    bool queue_ok = false, handles_ok = false;
+    if (!st && !(st = cx_queue_init(&ctx->queue)))
+        queue_ok = true;
+    if (!st && !(st = cx_handles_init(&ctx->handles)))
+        handles_ok = true;
+    if (!st)
+        st = agree_config(ctx);
+    if (!st)
+        st = setup_data_path(ctx);
+    if (!st)
+        st = cx_loop_create(&(cx_loop_env){.cfg = &ctx->cfg, .log = &ctx->log,
+                                            .transport = ctx->transport, .queue = &ctx->queue,
+                                            .handles = &ctx->handles, .running = &ctx->running,
+                                            .shutdown_requested = &ctx->shutdown_requested,
+                                            .timeline_change = &ctx->tl_change,
+                                            .take_timeline = take_timeline, .owner = ctx},
+                            &ctx->loop);
+    if (!st) {
+        cx_exec *x = cx_loop_exec(ctx->loop);
+        x->shm = ctx->shm;
+        x->hierarchical = ctx->hierarchical;
+    }
+    if (!st && ctx->cfg.timeline[0] && /* CFX_TIMELINE: adopted by the thread's first cycle */
+        !(st = open_timeline(ctx, ctx->cfg.timeline, ctx->cfg.timeline_cycles, &ctx->tl_next)))
+        atomic_store(&ctx->tl_change, 1);
+    if (!st) /* before the thread starts: it may retune ctx->cfg (autotune) */
+        cx_log(&ctx->log, CX_LOG_INFO, "context", "rank %d of %d over %s (local %d/%d, cross %d/%d); "
+           "fusion %lld B, chunk %lld B, cache %lld, cycle %g ms, deterministic %d, allreduce path %s",
+           ctx->rank,
+           ctx->size, transport->ops->name, ctx->local_rank, ctx->local_size, ctx->cross_rank,
+           ctx->cross_size, (long long)ctx->cfg.fusion_threshold, (long long)ctx->cfg.chunk_bytes,
+           (long long)ctx->cfg.cache_capacity, ctx->cfg.cycle_time_ms, ctx->cfg.deterministic,
+           ctx->shm ? (ctx->hierarchical ? "shared memory + MPI across hosts" : "shared memory")
+                    : transport->ops->name);
+    if (!st) {
+        atomic_store(&ctx->running, 1);
+        if (pthread_create(&ctx->thread, NULL, cx_loop_main, ctx->loop) != 0) {
+            atomic_store(&ctx->running, 0);
+            st = cx_fail(CFX_ERR_INTERNAL, "cannot start the background thread");
+        } else {
+            ctx->thread_started = true;
+        }
+    }
+    if (st) {
+        /* Keep the message: cleanup below must not overwrite it. */
+        char msg[CX_ERROR_MAX];
+        snprintf(msg, sizeof msg, "%s", cx_error_message());
+        cx_loop_destroy(ctx->loop);
+        cx_shm_destroy(ctx->shm);
+        cx_timeline_destroy(ctx->tl_next);
+        if (queue_ok)
+            cx_queue_destroy(&ctx->queue);
+        if (handles_ok)
+            cx_handles_destroy(&ctx->handles);
+        if (ctx->log.owns_fd)
+            close(ctx->log.fd);
+        transport->ops->destroy(transport);
+        free(ctx);
+        return cx_fail(st, "%s", msg);
+    }
+    live_add(ctx);
+    *out = ctx;
+    return CFX_OK;
+}
+
+cfx_status cx_context_shutdown(cfx_context *ctx)
+{
+    if (!ctx->thread_started)
+        return CFX_OK;
+    int expected = 0; /* keeps 2 (set by the exit handler) */
+    atomic_compare_exchange_strong(&ctx->shutdown_requested, &expected, 1);
+    cx_queue_wake(&ctx->queue);
+    pthread_join(ctx->thread, NULL);
+    ctx->thread_started = false;
+    atomic_store(&ctx->running, 0);
+    /* The timeline ends with the thread: the file is complete when cfx_shutdown returns. */
+    cx_timeline_destroy(ctx->timeline);
+    cx_timeline_destroy(ctx->tl_next);
+    ctx->timeline = ctx->tl_next = NULL;
+    return CFX_OK;
+}
+
+void cx_context_free(cfx_context *ctx)
+{
+    if (!ctx)
+        return;
+    live_remove(ctx);
+    cx_context_shutdown(ctx);
+    cx_loop_destroy(ctx->loop);
+    cx_shm_destroy(ctx->shm);
+    cx_queue_destroy(&ctx->queue);
+    cx_handles_destroy(&ctx->handles);
+    ctx->transport->ops->destroy(ctx->transport);
+    if (ctx->log.owns_fd)
+        close(ctx->log.fd);
+    pthread_mutex_destroy(&ctx->tl_mu);
+    pthread_cond_destroy(&ctx->tl_cv);
+    free(ctx);
+}

@@ -1,0 +1,68 @@
+/*
+ * context - the cfx_context: configuration, transport, tensor queue, handle table and the
+ * background thread, and their lifetime (create -> shutdown -> free).
+ *
+ * Everything the engine knows hangs off a context; nothing is process-global except MPI itself.
+ * cx_context_create takes any transport, so unit tests run whole jobs of thread ranks in one
+ * process; cfx_init (api.c) picks the transport from the configuration.
+ */
+#ifndef CFX_CONTEXT_H
+#define CFX_CONTEXT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "base/config.h"
+#include "protocol/handles.h"
+#include "base/log.h"
+#include "protocol/queue.h"
+#include "transport/transport.h"
+
+typedef struct cx_loop cx_loop;
+
+struct cfx_context {
+    cx_config cfg;
+    cx_logger log;
+    cx_transport *transport;
+    cx_queue queue;
+    cx_handles handles;
+    cx_loop *loop;
+    struct cx_shm *shm;            /* intra-node data path, or NULL */
+    bool hierarchical;
+    pthread_t thread;
+    bool thread_started;
+    atomic_int running;            /* 1 while the background thread accepts work */
+    atomic_int shutdown_requested; /* cfx_shutdown was called on this rank */
+    atomic_ulong noname_counter[8]; /* per collective kind, for generated names */
+    /* 1 + the CUDA ordinal this rank's device tensors use (0: none submitted yet). The first
+     * device tensor binds it (api.c); one device per rank, as NCCL's communicator has. */
+    atomic_int cuda_device_bound;
+    int rank, size, local_rank, local_size, cross_rank, cross_size;
+    /* Observability (timeline.h). `timeline` belongs to the background thread while it runs (NULL
+     * = off: the hooks check only that); cfx_timeline_start/stop hand a new one over in tl_next,
+     * which the thread adopts at the top of its next cycle (tl_change set). */
+    struct cx_timeline *timeline;
+    pthread_mutex_t tl_mu;
+    pthread_cond_t tl_cv;
+    struct cx_timeline *tl_next;
+    atomic_int tl_change;
+    uint64_t tl_requested, tl_applied;
+    struct cfx_context *live_next; /* the process's live contexts, for the exit handler */
+};
+
+/* Creates a context over `transport` (ownership moves to the context, also on failure) and starts
+ * its background thread. Collective over the transport's ranks. */
+cfx_status cx_context_create(cx_transport *transport, const cx_config *cfg, cfx_context **out);
+
+/* Stops the background thread (collectively, see loop.h); idempotent. */
+cfx_status cx_context_shutdown(cfx_context *ctx);
+
+/* Starts (path != NULL) or stops the timeline at run time; waits until the background thread
+ * adopted the change. The rank is inserted into `path` (cx_timeline_rank_path). */
+cfx_status cx_context_set_timeline(cfx_context *ctx, const char *path, bool mark_cycles);
+
+/* Shuts down if needed and frees everything. */
+void cx_context_free(cfx_context *ctx);
+
+#endif /* CFX_CONTEXT_H */

@@ -1,0 +1,95 @@
+/*
+ * execute - the collective engine: runs an ordered response list on this rank.
+ *
+ * For each response (or fused batch, see fusion.h) it takes the local entries out of the tensor
+ * table, moves their bytes through the transport's data plane, applies prescale/postscale and the
+ * average, stores the outputs Conflux allocates (allgather, alltoall, reducescatter) and completes
+ * the handles. Large buffers are reduced as chunks of the agreed chunk size. In deterministic mode
+ * every element is reduced in rank order 0..n-1 by its owning rank, whatever the fusion packing or
+ * chunking, so results are bitwise reproducible run to run. A rank that has joined takes part in
+ * allreduces with the identity of the op. Called by the background thread alone.
+ */
+#ifndef CFX_EXECUTE_H
+#define CFX_EXECUTE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "base/config.h"
+#include "protocol/handles.h"
+#include "base/log.h"
+#include "protocol/queue.h"
+#include "transport/transport.h"
+#include "protocol/wire.h"
+
+typedef struct cx_exec {
+    cx_transport *transport;
+    const cx_config *cfg;
+    cx_queue *queue;
+    cx_handles *handles;
+    const cx_logger *log;
+    bool joined;          /* this rank has joined and not yet been released by the join */
+    void *fusion;         /* the fusion buffer, grown on demand up to the threshold */
+    size_t fusion_cap;
+    void *scratch;        /* staging for deterministic reductions and joined ranks */
+    size_t scratch_cap;
+    struct cx_shm *shm;   /* the shared-memory path (owned by the context), or NULL */
+    bool hierarchical;    /* shm reduces within the host, MPI across hosts */
+    int direct_logged;    /* the shm direct path's state last logged (cx_shm_direct_state) */
+    struct cx_timeline *timeline; /* the context's, or NULL (timeline.h) */
+    struct cx_device *device; /* device tensors' state (device_exec.h): made by the first device
+                                 response, or NULL */
+    const struct cx_device_ops *device_ops; /* the device path, or NULL (device tensors fail) */
+} cx_exec;
+
+struct cx_allreduce_batch;
+
+/* The device path as the engine reaches it (device_exec.h implements it; the context installs it
+ * in cx_exec.device_ops). Tensors' memory kind is part of the agreed response, so every rank
+ * dispatches the same response the same way. */
+typedef struct cx_device_ops {
+    /* A fused allreduce batch of device tensors; neither takes nor completes the entries. */
+    cfx_status (*allreduce)(cx_exec *x, const struct cx_allreduce_batch *b, double *tl);
+    /* One non-allreduce response of a device tensor with this rank's entry (not completed). */
+    cfx_status (*single)(cx_exec *x, const cx_response *r, cx_entry *e);
+    /* Frees x->device (accepts NULL): called by the background thread as its loop ends. */
+    void (*destroy)(struct cx_device *device);
+} cx_device_ops;
+
+void cx_exec_init(cx_exec *x, cx_transport *t, const cx_config *cfg, cx_queue *q, cx_handles *h,
+                  const cx_logger *log);
+void cx_exec_destroy(cx_exec *x);
+
+/* Runs every response in order. A transport failure fails the affected tensors and is returned
+ * (the context can no longer communicate); mismatches only fail their own tensors. */
+cfx_status cx_execute(cx_exec *x, const cx_response_list *responses);
+
+/* One fused allreduce batch, described once by run_allreduce for whichever data path runs it. */
+typedef struct cx_allreduce_batch {
+    const cx_response *items; /* n responses; items[0]'s dtype, op and scale factors hold for all */
+    size_t n;
+    cx_entry *const *entries; /* this rank's entries; NULL: contribute the op's identity (joined) */
+    cfx_dtype dtype;
+    cfx_reduce_op op;
+    size_t esize;
+    size_t total;             /* elements over all n responses */
+    double prescale;
+    double postscale;         /* the response's, with 1/size folded in for AVERAGE */
+} cx_allreduce_batch;
+
+/* The host data path of a batch: shared memory, chunked MPI or the deterministic ordered path,
+ * prescale and postscale fused in. Neither takes nor completes the entries. run_allreduce calls it
+ * for host tensors; the host-staged device path (device_exec.c) calls it with entries whose
+ * input/output point into page-locked staging memory. tl[1] and tl[2] get the collective's start
+ * and end when the timeline is on. */
+cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_allreduce_batch *b, double *tl);
+
+/* A single non-allreduce response (broadcast, allgather, alltoall, reducescatter, barrier, join)
+ * on the host data path, with this rank's entry `e` (not completed here). Outputs Conflux
+ * allocates are host memory. */
+cfx_status cx_exec_single_host(cx_exec *x, const cx_response *r, cx_entry *e);
+
+/* Completes an entry with a status and frees it. */
+void cx_exec_complete(cx_exec *x, cx_entry *e, cfx_status status, const char *message);
+
+#endif /* CFX_EXECUTE_H */

@@ -1,0 +1,72 @@
+/*
+ * shm - the intra-node shared-memory allreduce, and its two-level (hierarchical) form.
+ *
+ * The ranks of one host map one POSIX shared-memory segment: a double-buffered input slot of one
+ * chunk per local rank, a double-buffered result area, and a barrier. A reduction runs chunk by
+ * chunk, and local rank i owns block i of each chunk: every rank copies the other ranks' blocks
+ * of its chunk into its slot (its own block stays where it is); after a barrier, rank i reduces
+ * block i, in rank order, from the peers' slots and straight from its own tensors into the result
+ * area (the reduction work is split across the local ranks); after a second barrier every rank
+ * copies the whole result out. Chunks are cache-sized, so the data stays in cache between the copy
+ * in, the reduction and the copy out; double buffering lets one chunk's copy out overlap the next
+ * chunk's copy in. Leaving the own block in place saves 1/n of the copy in; a prescale or a
+ * joined rank (no tensor: the identity) stages it like the rest. The barrier spins, yields, then
+ * sleeps on a futex the last arriver wakes.
+ * Because each element is combined in local-rank order by one rank, the result is bitwise the
+ * same on every rank and independent of fusion packing and chunking.
+ *
+ * The direct path: when every local rank's tensors of a batch (inputs and outputs) lie in its
+ * shared pool (cfx_alloc, shared_pool.h), there is nothing to copy. The first such batch has every
+ * rank map the others' pools (agreed over the segment: all or none, for good); then rank i reduces
+ * block i of the whole batch, strip by strip, straight from every rank's tensors and writes the
+ * result into every rank's output, with one barrier at the end. Each rank offers the direct path
+ * in the segment before the first barrier of a batch and all read the offers after it, so all
+ * ranks of a host take the same path; ranks that mix pooled and private tensors, a prescale or a
+ * joined rank take the copies. Across hosts the direct path keeps the copy path's chunks, blocks
+ * and cross-host calls, so each host chooses on its own. The reduction order is the same, so are
+ * the results.
+ *
+ * Hierarchical mode (the job spans hosts): after the local reduction, each local rank allreduces
+ * its own block across hosts over MPI (the cross communicator), so every local rank drives its own
+ * share of the inter-node traffic, then the local copy out distributes the result.
+ *
+ * Set up collectively at context creation over the transport's control plane; used by the
+ * background thread alone.
+ */
+#ifndef CFX_SHM_H
+#define CFX_SHM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "conflux/conflux.h"
+#include "transport/transport.h"
+
+typedef struct cx_shm cx_shm;
+
+/* Maps this host's segment (collective over every rank of `t`). `chunk_bytes` is the slot size. */
+cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, cx_shm **out);
+void cx_shm_destroy(cx_shm *s);
+
+/* The direct path: 0 not tried yet (no batch had every rank's tensors in shared tensor memory),
+ * 1 on, -1 off for good (*why says why: some rank could not map another's pool). */
+int cx_shm_direct_state(const cx_shm *s, const char **why);
+
+/* One stretch of the logical buffer a reduction covers: `count` elements read from `src` (NULL:
+ * the op's identity, for a rank that has joined) and written back to `dst` (NULL: discarded). */
+typedef struct cx_segment {
+    const void *src;
+    void *dst;
+    size_t count;
+} cx_segment;
+
+/* Allreduce of the concatenation of `segs` over the local ranks; with `hierarchical`, across
+ * hosts too (through t->ops->cross_allreduce). The tensors are copied straight into the shared
+ * slots with `prescale` applied and straight out with `postscale` applied: no fusion buffer and no
+ * separate scaling pass. */
+cfx_status cx_shm_allreduce(cx_shm *s, cx_transport *t, const cx_segment *segs, size_t nsegs,
+                            cfx_dtype dtype, cfx_reduce_op op, double prescale, double postscale,
+                            bool hierarchical);
+
+#endif /* CFX_SHM_H */

@@ -1,0 +1,73 @@
+/*
+ * queue - the tensor table and request queue between the framework threads and the background
+ * thread.
+ *
+ * Framework threads push entries (one per tensor; a grouped call pushes all of its tensors
+ * atomically); the background thread pops the new ones each cycle and later takes each entry out
+ * of the table by name when its response runs. A name stays in the table from push until its
+ * collective completes, which is how a second in-flight tensor of the same name is refused.
+ * Thread-safe (one mutex; the background thread sleeps on its condition variable when idle).
+ */
+#ifndef CFX_QUEUE_H
+#define CFX_QUEUE_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "base/strmap.h"
+#include "protocol/wire.h"
+
+typedef struct cx_entry {
+    cx_request req;       /* the request this rank sends (owned strings) */
+    void *input;          /* borrowed user buffer */
+    void *output;         /* allreduce/broadcast: where the result goes (may equal input) */
+    size_t bytes;         /* input bytes */
+    void *stream;         /* device tensors: the producer's cudaStream_t (NULL: legacy default) */
+    int64_t *splits;      /* alltoall: size entries (owned), or NULL */
+    cfx_handle handle;
+    size_t part;          /* index of this tensor within its handle */
+    double enqueue_time;  /* monotonic seconds */
+    struct cx_entry *next;
+} cx_entry;
+
+typedef struct cx_queue {
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv;
+    cx_strmap table;       /* name -> cx_entry, every entry not yet completed */
+    cx_entry *head, *tail; /* pushed, not yet popped by the background thread */
+    bool wake;             /* a wake-up not tied to an entry (shutdown, timeline) */
+    bool closed;           /* shut down: pushes are refused */
+    char close_reason[512];
+} cx_queue;
+
+cfx_status cx_queue_init(cx_queue *q);
+/* Frees every entry still in the table. */
+void cx_queue_destroy(cx_queue *q);
+
+/* Adds `n` entries atomically. CFX_ERR_DUPLICATE_NAME (nothing added) when a name is in flight or
+ * repeated within the batch; CFX_ERR_SHUT_DOWN once closed. Ownership of the entries moves to the queue on success. */
+cfx_status cx_queue_push(cx_queue *q, cx_entry **entries, size_t n);
+
+/* Takes every entry pushed since the last pop, in push order (a linked list; they stay in the
+ * table). */
+cx_entry *cx_queue_pop_new(cx_queue *q);
+
+/* Removes an entry from the table by name (NULL if absent). The caller owns and frees it. */
+cx_entry *cx_queue_take(cx_queue *q, const char *name);
+
+/* Sleeps until an entry is pushed, cx_queue_wake is called, or timeout_s passes. */
+void cx_queue_wait(cx_queue *q, double timeout_s);
+bool cx_queue_has_new(cx_queue *q);
+void cx_queue_wake(cx_queue *q);
+
+/* Refuses further pushes (CFX_ERR_SHUT_DOWN with `reason`) and returns every entry of the table
+ * as a linked list, for the caller to fail. */
+cx_entry *cx_queue_close(cx_queue *q, const char *reason);
+
+/* Entries in the table (pushed and not yet completed). */
+size_t cx_queue_in_flight(cx_queue *q);
+
+void cx_entry_free(cx_entry *e);
+
+#endif /* CFX_QUEUE_H */
