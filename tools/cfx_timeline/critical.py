@@ -1,0 +1,134 @@
+"""The critical path of a step: the chain of intervals that decided when the step ended.
+
+Walking back in time from the step's end (the last slice to finish, on its rank), at each moment
+t on rank r the path takes what r was doing that t waited for:
+
+- a data-path slice (pack, collective, unpack) running at t: the background thread was busy with
+  that batch (the rank's background thread runs one batch at a time);
+- else a negotiation that ended at t: the batch could start only once every rank had submitted
+  the tensor. If another rank submitted it after r had (r waited for it), the path moves to the
+  rank that submitted last and goes on with that rank's negotiation and submission;
+- else a QUEUED slice that ended at t (the tensor waited for the background thread);
+- else nothing of Conflux ended at t on r: the gap back to the last slice that ended before t is
+  "outside" time (the framework computing: forward, backward, the optimizer), and before the
+  rank's first slice of the step, back to the step's start, too.
+
+Moments closer than EPS_US count as the same moment. The path covers the step's wall time
+exactly once, so its segments' shares add up to 100 %.
+"""
+from .model import DATA_PHASES
+
+EPS_US = 5.0
+KINDS = ["between", "outside", "queued", "negotiate", "pack", "collective", "unpack"]
+KIND_LABEL = {"between": "framework, between steps", "outside": "framework, during the step",
+              "queued": "queued",
+              "negotiate": "negotiate", "pack": "pack", "collective": "collective",
+              "unpack": "unpack"}
+
+
+class Segment:
+    __slots__ = ("rank", "t0", "t1", "kind", "tensor")
+
+    def __init__(self, rank, t0, t1, kind, tensor):
+        self.rank, self.t0, self.t1, self.kind, self.tensor = rank, t0, t1, kind, tensor
+
+    @property
+    def length(self):
+        return self.t1 - self.t0
+
+    def __repr__(self):
+        return "Segment(rank %s, %.1f..%.1f, %s, %r)" % (self.rank, self.t0, self.t1, self.kind,
+                                                        self.tensor)
+
+
+def _window(tl, rank, a, b):
+    return [s for s in tl.slices_on(rank) if s.t1 >= a and s.t0 < b]
+
+
+def critical_path(tl, step, eps=EPS_US):
+    """[Segment] from step.start to step.end, in time order."""
+    window = {r: _window(tl, r, step.start, step.end) for r in step.occ}
+    rank = max(step.occ, key=lambda r: (step.rank_span[r][1], -r))
+    t = step.end
+    segs = []
+    for _ in range(100000):  # bounded: every turn moves t back
+        if t <= step.start + 1e-9:
+            break
+        here = [s for s in window[rank] if s.t0 < t and s.t1 >= t - eps]
+        data = [s for s in here if s.phase in DATA_PHASES]
+        if data:
+            s = max(data, key=lambda x: (x.t1, x.t0))
+            segs.append(Segment(rank, s.t0, t, s.phase, s.tensor))
+            t = s.t0
+            continue
+        neg = [s for s in here if s.phase == "negotiate" and s.t1 <= t + eps]
+        if neg:
+            s = _gating_negotiation(tl, neg, rank, t, window)
+            segs.append(Segment(s.rank, s.t0, t, "negotiate", s.tensor))
+            rank, t = s.rank, s.t0
+            continue
+        queued = [s for s in here if s.phase == "queued" and s.t1 <= t + eps]
+        if queued:
+            s = min(queued, key=lambda x: x.t0)
+            segs.append(Segment(rank, s.t0, t, "queued", s.tensor))
+            t = s.t0
+            continue
+        ends = [s.t1 for s in window[rank] if s.t1 < t - eps]
+        prev = max(ends) if ends else None
+        if prev is None or prev <= step.start:
+            segs.append(Segment(rank, step.start, t, "outside", None))
+            break
+        segs.append(Segment(rank, prev, t, "outside", None))
+        t = prev
+    segs.reverse()
+    for s in segs:
+        s.t0 = max(s.t0, step.start)
+    return _merge([s for s in segs if s.t1 > s.t0])
+
+
+def _gating_negotiation(tl, negs, rank, t, window):
+    """The negotiation slice the path goes on with: of the tensors whose negotiation on `rank`
+    ended at t, the one submitted last by any rank; on that rank when it is not `rank` (the other
+    rank arrived after `rank` had submitted, so `rank` waited for it)."""
+    best = None  # (submit time, slice on the submitting rank)
+    for s in negs:
+        o = s.occ
+        for r in window:
+            peer = o if r == rank else tl.occ(r, o.tensor, o.index)
+            if peer is None:
+                continue
+            ps = peer.slices.get("negotiate")
+            if ps is None or ps.t0 >= t:
+                continue
+            if best is None or peer.submit > best[0] or (peer.submit == best[0] and r == rank):
+                best = (peer.submit, ps)
+    return best[1] if best else min(negs, key=lambda x: x.t0)
+
+
+def _merge(segs):
+    out = []
+    for s in segs:
+        p = out[-1] if out else None
+        if p and p.rank == s.rank and p.kind == s.kind and p.tensor == s.tensor and \
+                abs(p.t1 - s.t0) < 1e-9:
+            p.t1 = s.t1
+        else:
+            out.append(s)
+    return out
+
+
+def shares(paths):
+    """kind -> total µs over the given paths (lists of Segments)."""
+    tot = {k: 0.0 for k in KINDS}
+    for segs in paths:
+        for s in segs:
+            tot[s.kind] += s.length
+    return tot
+
+
+def time_by_rank(segs):
+    """rank -> µs of the path spent on that rank."""
+    out = {}
+    for s in segs:
+        out[s.rank] = out.get(s.rank, 0.0) + s.length
+    return out
