@@ -20,6 +20,7 @@ import numpy as _np
 
 from . import _capi
 from . import _core
+from . import _ops
 from ._core import (  # noqa: F401  (re-exported API)
     Average, Handle, Max, Min, Product, Sum,
     cross_rank, cross_size, features, init, is_initialized, local_rank, local_size, poll, rank,
@@ -32,16 +33,7 @@ from ._core import (  # noqa: F401  (re-exported API)
 
 __version__ = _core.version()
 
-__all__ = [
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
-    "cross_size", "version", "features", "start_timeline", "stop_timeline",
-    "Sum", "Average", "Min", "Max", "Product",
-    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
-    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
-    "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
-    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
-    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
-    "grouped_reducescatter", "grouped_reducescatter_async",
+__all__ = list(_core.BASE_NAMES) + list(_ops.NAMES) + [
     "barrier", "barrier_async", "join", "join_async", "poll", "synchronize", "Handle",
     "shared_array",
 ] + list(_core.ERROR_NAMES)
@@ -92,8 +84,9 @@ def _inplace(a, what="array"):
     return a
 
 
-def _input(a):
-    """An ndarray for an out-of-place input: the caller's array itself when it is C-contiguous."""
+def _input(a, what):
+    """An ndarray for an out-of-place input: the caller's array itself when it is C-contiguous.
+    `what` (the op) goes unused: numpy's errors here name the dtype."""
     if not isinstance(a, _np.ndarray):
         a = _np.asarray(a)
     _dtype_code(a.dtype)
@@ -128,185 +121,35 @@ def _output_like(a):
     return _np.empty_like(a, order="C")
 
 
-def _scale(v, what):
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        raise TypeError("%s must be a number" % what) from None
+def _copy(a, what):
+    return _np.array(_input(a, what), order="C", copy=True)
 
 
-# ---- allreduce ----
-def allreduce_async_(array, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    """Starts an in-place allreduce of `array`; synchronize() returns `array`."""
-    a = _inplace(array, "allreduce")
-    return _core.submit(_capi.cfx_allreduce_async,
-                        (_core.check_name(name), _describe(a), None, _core.check_op(op),
-                         _scale(prescale_factor, "prescale_factor"),
-                         _scale(postscale_factor, "postscale_factor")),
-                        a, lambda h: a, "allreduce", name)
-
-
-def allreduce_async(array, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    """Starts an allreduce into a new array; synchronize() returns it."""
-    a = _input(array)
-    out = _output_like(a)
-    return _core.submit(_capi.cfx_allreduce_async,
-                        (_core.check_name(name), _describe(a), out.__array_interface__["data"][0],
-                         _core.check_op(op), _scale(prescale_factor, "prescale_factor"),
-                         _scale(postscale_factor, "postscale_factor")),
-                        (a, out), lambda h: out, "allreduce", name)
-
-
-def allreduce(array, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    """Reduces `array` over all ranks: postscale * op(prescale * x) (Average divides by size too).
-    Returns a new array."""
-    return allreduce_async(array, op, name, prescale_factor, postscale_factor).wait()
-
-
-def allreduce_(array, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    """In-place allreduce; returns `array`."""
-    return allreduce_async_(array, op, name, prescale_factor, postscale_factor).wait()
-
-
-def _grouped(arrays, inplace, op, name, prescale_factor, postscale_factor):
-    arrays = list(arrays)
-    if inplace:
-        ins = [_inplace(a, "grouped_allreduce") for a in arrays]
-        outs = ins
-        out_ptrs = None
-    else:
-        ins = [_input(a) for a in arrays]
-        outs = [_output_like(a) for a in ins]
-        out_ptrs = [o.__array_interface__["data"][0] for o in outs]
-    return _core.submit(_capi.cfx_grouped_allreduce_async,
-                        (_core.check_name(name), [_describe(a) for a in ins], out_ptrs,
-                         _core.check_op(op), _scale(prescale_factor, "prescale_factor"),
-                         _scale(postscale_factor, "postscale_factor")),
-                        (ins, outs), lambda h: list(outs), "grouped_allreduce", name)
-
-
-def grouped_allreduce_async(arrays, op=Average, name=None, prescale_factor=1.0,
-                            postscale_factor=1.0):
-    """Starts one allreduce of a list of arrays, negotiated and completed together."""
-    return _grouped(arrays, False, op, name, prescale_factor, postscale_factor)
-
-
-def grouped_allreduce_async_(arrays, op=Average, name=None, prescale_factor=1.0,
-                             postscale_factor=1.0):
-    return _grouped(arrays, True, op, name, prescale_factor, postscale_factor)
-
-
-def grouped_allreduce(arrays, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    """Allreduces a list of arrays together; returns a list of new arrays."""
-    return _grouped(arrays, False, op, name, prescale_factor, postscale_factor).wait()
-
-
-def grouped_allreduce_(arrays, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    """In-place grouped allreduce; returns the list of arrays."""
-    return _grouped(arrays, True, op, name, prescale_factor, postscale_factor).wait()
-
-
-# ---- allgather ----
-def allgather_async(array, name=None):
-    a = _input(array)
-    if a.ndim == 0:
-        raise ValueError("allgather needs at least one dimension (got a scalar)")
-    return _core.submit(_capi.cfx_allgather_async, (_core.check_name(name), _describe(a)), a,
-                        lambda h: h.output(0, _allocate), "allgather", name)
-
-
-def allgather(array, name=None):
-    """Concatenates every rank's array along dim 0 (dim 0 may differ per rank)."""
-    return allgather_async(array, name).wait()
-
-
-def grouped_allgather_async(arrays, name=None):
-    ins = [_input(a) for a in arrays]
-    return _core.submit(_capi.cfx_grouped_allgather_async,
-                        (_core.check_name(name), [_describe(a) for a in ins]), ins,
-                        lambda h: [h.output(i, _allocate) for i in range(len(ins))],
-                        "grouped_allgather", name)
-
-
-def grouped_allgather(arrays, name=None):
-    return grouped_allgather_async(arrays, name).wait()
-
-
-# ---- broadcast ----
-def broadcast_async_(array, root_rank, name=None):
-    a = _inplace(array, "broadcast")
-    return _core.submit(_capi.cfx_broadcast_async,
-                        (_core.check_name(name), _describe(a), _core.check_root(root_rank)),
-                        a, lambda h: a, "broadcast", name)
-
-
-def broadcast_async(array, root_rank, name=None):
-    out = _np.array(_input(array), order="C", copy=True)
-    return broadcast_async_(out, root_rank, name)
-
-
-def broadcast(array, root_rank, name=None):
-    """Returns a new array holding root_rank's values."""
-    return broadcast_async(array, root_rank, name).wait()
-
-
-def broadcast_(array, root_rank, name=None):
-    """Overwrites `array` with root_rank's values; returns it."""
-    return broadcast_async_(array, root_rank, name).wait()
-
-
-# ---- alltoall ----
-def alltoall_async(array, splits=None, name=None):
-    a = _input(array)
-    if a.ndim == 0:
-        raise ValueError("alltoall needs at least one dimension (got a scalar)")
-
-    def finish(h):
-        return h.output(0, _allocate), _np.array(h.splits(0), dtype=_np.int64)
-
-    return _core.submit(_capi.cfx_alltoall_async,
-                        (_core.check_name(name), _describe(a), _core.check_splits(splits)),
-                        a, finish, "alltoall", name)
-
-
-def alltoall(array, splits=None, name=None):
-    """Sends splits[j] rows (dim 0) to rank j (equal split when None). Returns
-    (received, received_splits)."""
-    return alltoall_async(array, splits, name).wait()
-
-
-# ---- reducescatter ----
-def reducescatter_async(array, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    a = _input(array)
-    if a.ndim == 0:
-        raise ValueError("reducescatter needs at least one dimension (got a scalar)")
-    return _core.submit(_capi.cfx_reducescatter_async,
-                        (_core.check_name(name), _describe(a), _core.check_op(op),
-                         _scale(prescale_factor, "prescale_factor"),
-                         _scale(postscale_factor, "postscale_factor")),
-                        a, lambda h: h.output(0, _allocate), "reducescatter", name)
-
-
-def reducescatter(array, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    """Reduces over ranks and returns this rank's block of dim 0 (the first d0 % size ranks get one
-    extra row)."""
-    return reducescatter_async(array, op, name, prescale_factor, postscale_factor).wait()
-
-
-def grouped_reducescatter_async(arrays, op=Average, name=None, prescale_factor=1.0,
-                                postscale_factor=1.0):
-    ins = [_input(a) for a in arrays]
-    return _core.submit(_capi.cfx_grouped_reducescatter_async,
-                        (_core.check_name(name), [_describe(a) for a in ins], _core.check_op(op),
-                         _scale(prescale_factor, "prescale_factor"),
-                         _scale(postscale_factor, "postscale_factor")),
-                        ins, lambda h: [h.output(i, _allocate) for i in range(len(ins))],
-                        "grouped_reducescatter", name)
-
-
-def grouped_reducescatter(arrays, op=Average, name=None, prescale_factor=1.0,
-                          postscale_factor=1.0):
-    return grouped_reducescatter_async(arrays, op, name, prescale_factor, postscale_factor).wait()
+# ---- the collectives (conflux._ops.OPS) ----
+_DOCS = {
+    "allreduce": "Reduces `array` over all ranks: postscale * op(prescale * x) (Average divides by "
+                 "size too).\nReturns a new array.",
+    "allreduce_": "In-place allreduce; returns `array`.",
+    "allreduce_async": "Starts an allreduce into a new array; synchronize() returns it.",
+    "allreduce_async_": "Starts an in-place allreduce of `array`; synchronize() returns `array`.",
+    "grouped_allreduce": "Allreduces a list of arrays together; returns a list of new arrays.",
+    "grouped_allreduce_": "In-place grouped allreduce; returns the list of arrays.",
+    "grouped_allreduce_async": "Starts one allreduce of a list of arrays, negotiated and completed "
+                               "together.",
+    "allgather": "Concatenates every rank's array along dim 0 (dim 0 may differ per rank).",
+    "broadcast": "Returns a new array holding root_rank's values.",
+    "broadcast_": "Overwrites `array` with root_rank's values; returns it.",
+    "alltoall": "Sends splits[j] rows (dim 0) to rank j (equal split when None). Returns\n"
+                "(received, received_splits).",
+    "reducescatter": "Reduces over ranks and returns this rank's block of dim 0 (the first d0 % size "
+                     "ranks get one\nextra row).",
+}
+_ops.install(globals(), _ops.Adapter(
+    nouns=("array", "arrays"), inplace=_inplace, input=_input, copy=_copy, describe=_describe,
+    address=lambda a: a.__array_interface__["data"][0], output_like=_output_like,
+    ndim=lambda a: a.ndim, output=lambda handle, index, like: handle.output(index, _allocate),
+    as_splits=lambda splits: _np.array(splits, dtype=_np.int64), autograd={}, differentiable=None),
+    _DOCS)
 
 
 # ---- barrier, join ----

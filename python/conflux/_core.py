@@ -47,6 +47,13 @@ class DtypeError(TypeError, ValueError):
 
 DtypeError.__module__ = "conflux"
 
+# The public names of _core that conflux and conflux.torch export (besides the errors).
+BASE_NAMES = (
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
+    "cross_size", "version", "features", "start_timeline", "stop_timeline",
+    "Sum", "Average", "Min", "Max", "Product",
+)
+
 ERROR_NAMES = (
     "DtypeError",
     "ConfluxError", "InvalidArgumentError", "NotInitializedError", "ShutDownError",
@@ -85,6 +92,14 @@ def check_root(root_rank):
         except AttributeError:
             raise TypeError("root_rank must be an int, not %s" % type(root_rank).__name__) from None
     return root_rank
+
+
+def check_scale(factor, what):
+    """A scale factor as a float; `what` names the parameter."""
+    try:
+        return float(factor)
+    except (TypeError, ValueError):
+        raise TypeError("%s must be a number" % what) from None
 
 
 # ---- the context ----

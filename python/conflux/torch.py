@@ -22,6 +22,7 @@ import torch
 
 from . import _capi
 from . import _core
+from . import _ops
 from ._core import (  # noqa: F401  (re-exported API)
     Average, Handle, Max, Min, Product, Sum,
     cross_rank, cross_size, features, init, is_initialized, local_rank, local_size, rank,
@@ -32,16 +33,7 @@ from ._core import (  # noqa: F401  (re-exported API)
     JoinedError, InternalError, CudaError, NcclError, DtypeError,
 )
 
-__all__ = [
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
-    "cross_size", "version", "features", "start_timeline", "stop_timeline",
-    "Sum", "Average", "Min", "Max", "Product",
-    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
-    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
-    "allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async",
-    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
-    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
-    "grouped_reducescatter", "grouped_reducescatter_async",
+__all__ = list(_core.BASE_NAMES) + list(_ops.NAMES) + [
     "barrier", "join", "poll", "synchronize", "Handle",
     "DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state",
     "broadcast_object", "allgather_object", "Compression", "Compressor", "NoneCompressor",
@@ -111,19 +103,13 @@ def _allocate_host(code, shape):
     return out, out.data_ptr(), out.numel() * out.element_size()
 
 
-def _output(handle, index, device):
-    """Output `index` of a completed handle as a tensor on `device`. Conflux allocates the outputs
-    of allgather, alltoall and reducescatter in host memory, also for CUDA inputs (docs/gpu.md), and
-    copies them with plain memcpy: they land in a CPU tensor, which then moves to the device."""
+def _output(handle, index, like):
+    """Output `index` of a completed handle as a tensor on the device of input `like`. Conflux
+    allocates the outputs of allgather, alltoall and reducescatter in host memory, also for CUDA
+    inputs (docs/gpu.md), and copies them with plain memcpy: they land in a CPU tensor, which then
+    moves to the device."""
     out = handle.output(index, _allocate_host)
-    return out if device.type == "cpu" else out.to(device)
-
-
-def _scale(v, what):
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        raise TypeError("%s must be a number" % what) from None
+    return out if like.device.type == "cpu" else out.to(like.device)
 
 
 # ---- shared tensor memory ----
@@ -162,28 +148,7 @@ def synchronize(handle, timeout=None):
     return _core.synchronize(handle, timeout)
 
 
-# ---- allreduce ----
-def allreduce_async_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    """Starts an in-place allreduce; synchronize() returns `tensor`."""
-    t = _inplace(tensor, "allreduce")
-    return _core.submit(_capi.cfx_allreduce_async,
-                        (_core.check_name(name), _describe(t), None, _core.check_op(op),
-                         _scale(prescale_factor, "prescale_factor"),
-                         _scale(postscale_factor, "postscale_factor")),
-                        (tensor, t), lambda h: tensor, "allreduce", name)
-
-
-def allreduce_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    """Starts an allreduce into a new tensor; synchronize() returns it."""
-    t = _input(tensor, "allreduce")
-    out = _output_like(t)
-    return _core.submit(_capi.cfx_allreduce_async,
-                        (_core.check_name(name), _describe(t), out.data_ptr(), _core.check_op(op),
-                         _scale(prescale_factor, "prescale_factor"),
-                         _scale(postscale_factor, "postscale_factor")),
-                        (t, out), lambda h: out, "allreduce", name)
-
-
+# ---- the collectives (conflux._ops.OPS) ----
 class _AllreduceFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, op, name, prescale_factor, postscale_factor):
@@ -194,64 +159,6 @@ class _AllreduceFn(torch.autograd.Function):
     def backward(ctx, grad):
         op, pre, post = ctx.args
         return allreduce_async(grad, op, None, pre, post).wait(), None, None, None, None
-
-
-def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    """Returns a new tensor reduced over all ranks (differentiable: the gradient is allreduced
-    with the same op)."""
-    if torch.is_grad_enabled() and isinstance(tensor, torch.Tensor) and tensor.requires_grad:
-        _check_tensor(tensor, "allreduce")
-        return _AllreduceFn.apply(tensor, op, name, prescale_factor, postscale_factor)
-    return allreduce_async(tensor, op, name, prescale_factor, postscale_factor).wait()
-
-
-def allreduce_(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    """In-place allreduce; returns `tensor`."""
-    return allreduce_async_(tensor, op, name, prescale_factor, postscale_factor).wait()
-
-
-def _grouped(tensors, inplace, op, name, prescale_factor, postscale_factor):
-    tensors = list(tensors)
-    if inplace:
-        ins = [_inplace(t, "grouped_allreduce") for t in tensors]
-        outs, results, ptrs = ins, tensors, None
-    else:
-        ins = [_input(t, "grouped_allreduce") for t in tensors]
-        outs = [_output_like(t) for t in ins]
-        results, ptrs = outs, [o.data_ptr() for o in outs]
-    return _core.submit(_capi.cfx_grouped_allreduce_async,
-                        (_core.check_name(name), [_describe(t) for t in ins], ptrs,
-                         _core.check_op(op), _scale(prescale_factor, "prescale_factor"),
-                         _scale(postscale_factor, "postscale_factor")),
-                        (tensors, ins, outs), lambda h: list(results), "grouped_allreduce", name)
-
-
-def grouped_allreduce_async(tensors, op=Average, name=None, prescale_factor=1.0,
-                            postscale_factor=1.0):
-    return _grouped(tensors, False, op, name, prescale_factor, postscale_factor)
-
-
-def grouped_allreduce_async_(tensors, op=Average, name=None, prescale_factor=1.0,
-                             postscale_factor=1.0):
-    return _grouped(tensors, True, op, name, prescale_factor, postscale_factor)
-
-
-def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    """Allreduces a list of tensors together; returns new tensors."""
-    return _grouped(tensors, False, op, name, prescale_factor, postscale_factor).wait()
-
-
-def grouped_allreduce_(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    return _grouped(tensors, True, op, name, prescale_factor, postscale_factor).wait()
-
-
-# ---- allgather ----
-def allgather_async(tensor, name=None):
-    t = _input(tensor, "allgather")
-    if t.dim() == 0:
-        raise ValueError("allgather needs at least one dimension (got a scalar)")
-    return _core.submit(_capi.cfx_allgather_async, (_core.check_name(name), _describe(t)), t,
-                        lambda h: _output(h, 0, t.device), "allgather", name)
 
 
 class _AllgatherFn(torch.autograd.Function):
@@ -270,40 +177,6 @@ class _AllgatherFn(torch.autograd.Function):
         return reduced.narrow(0, offset, ctx.rows), None
 
 
-def allgather(tensor, name=None):
-    """Concatenates every rank's tensor along dim 0 (differentiable)."""
-    if torch.is_grad_enabled() and isinstance(tensor, torch.Tensor) and tensor.requires_grad:
-        _check_tensor(tensor, "allgather")
-        return _AllgatherFn.apply(tensor, name)
-    return allgather_async(tensor, name).wait()
-
-
-def grouped_allgather_async(tensors, name=None):
-    ins = [_input(t, "grouped_allgather") for t in tensors]
-    return _core.submit(_capi.cfx_grouped_allgather_async,
-                        (_core.check_name(name), [_describe(t) for t in ins]), ins,
-                        lambda h: [_output(h, i, t.device) for i, t in enumerate(ins)],
-                        "grouped_allgather", name)
-
-
-def grouped_allgather(tensors, name=None):
-    return grouped_allgather_async(tensors, name).wait()
-
-
-# ---- broadcast ----
-def broadcast_async_(tensor, root_rank, name=None):
-    t = _inplace(tensor, "broadcast")
-    return _core.submit(_capi.cfx_broadcast_async,
-                        (_core.check_name(name), _describe(t), _core.check_root(root_rank)),
-                        (tensor, t), lambda h: tensor, "broadcast", name)
-
-
-def broadcast_async(tensor, root_rank, name=None):
-    _check_tensor(tensor, "broadcast")
-    out = tensor.detach().clone(memory_format=torch.contiguous_format)
-    return broadcast_async_(out, root_rank, name)
-
-
 class _BroadcastFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root_rank, name):
@@ -318,68 +191,38 @@ class _BroadcastFn(torch.autograd.Function):
         return reduced, None, None
 
 
-def broadcast(tensor, root_rank, name=None):
-    """Returns a new tensor holding root_rank's values (differentiable)."""
-    if torch.is_grad_enabled() and isinstance(tensor, torch.Tensor) and tensor.requires_grad:
-        _check_tensor(tensor, "broadcast")
-        return _BroadcastFn.apply(tensor, root_rank, name)
-    return broadcast_async(tensor, root_rank, name).wait()
+def _differentiable(t, what):
+    """True when the blocking form must go through its autograd Function: t needs a gradient."""
+    if torch.is_grad_enabled() and isinstance(t, torch.Tensor) and t.requires_grad:
+        _check_tensor(t, what)
+        return True
+    return False
 
 
-def broadcast_(tensor, root_rank, name=None):
-    """Overwrites `tensor` with root_rank's values; returns it."""
-    return broadcast_async_(tensor, root_rank, name).wait()
+def _copy(t, what):
+    _check_tensor(t, what)
+    return t.detach().clone(memory_format=torch.contiguous_format)
 
 
-# ---- alltoall, reducescatter ----
-def alltoall_async(tensor, splits=None, name=None):
-    t = _input(tensor, "alltoall")
-    if t.dim() == 0:
-        raise ValueError("alltoall needs at least one dimension (got a scalar)")
-
-    def finish(h):
-        return (_output(h, 0, t.device), torch.tensor(h.splits(0), dtype=torch.int32))
-
-    return _core.submit(_capi.cfx_alltoall_async,
-                        (_core.check_name(name), _describe(t), _core.check_splits(splits)),
-                        t, finish, "alltoall", name)
-
-
-def alltoall(tensor, splits=None, name=None):
-    """Sends splits[j] rows to rank j; returns (received, received_splits)."""
-    return alltoall_async(tensor, splits, name).wait()
-
-
-def reducescatter_async(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    t = _input(tensor, "reducescatter")
-    if t.dim() == 0:
-        raise ValueError("reducescatter needs at least one dimension (got a scalar)")
-    return _core.submit(_capi.cfx_reducescatter_async,
-                        (_core.check_name(name), _describe(t), _core.check_op(op),
-                         _scale(prescale_factor, "prescale_factor"),
-                         _scale(postscale_factor, "postscale_factor")),
-                        t, lambda h: _output(h, 0, t.device), "reducescatter", name)
-
-
-def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
-    """Reduces over ranks; returns this rank's block of dim 0."""
-    return reducescatter_async(tensor, op, name, prescale_factor, postscale_factor).wait()
-
-
-def grouped_reducescatter_async(tensors, op=Average, name=None, prescale_factor=1.0,
-                                postscale_factor=1.0):
-    ins = [_input(t, "grouped_reducescatter") for t in tensors]
-    return _core.submit(_capi.cfx_grouped_reducescatter_async,
-                        (_core.check_name(name), [_describe(t) for t in ins], _core.check_op(op),
-                         _scale(prescale_factor, "prescale_factor"),
-                         _scale(postscale_factor, "postscale_factor")),
-                        ins, lambda h: [_output(h, i, t.device) for i, t in enumerate(ins)],
-                        "grouped_reducescatter", name)
-
-
-def grouped_reducescatter(tensors, op=Average, name=None, prescale_factor=1.0,
-                          postscale_factor=1.0):
-    return grouped_reducescatter_async(tensors, op, name, prescale_factor, postscale_factor).wait()
+_DOCS = {
+    "allreduce": "Returns a new tensor reduced over all ranks (differentiable: the gradient is "
+                 "allreduced\nwith the same op).",
+    "allreduce_": "In-place allreduce; returns `tensor`.",
+    "allreduce_async": "Starts an allreduce into a new tensor; synchronize() returns it.",
+    "allreduce_async_": "Starts an in-place allreduce; synchronize() returns `tensor`.",
+    "grouped_allreduce": "Allreduces a list of tensors together; returns new tensors.",
+    "allgather": "Concatenates every rank's tensor along dim 0 (differentiable).",
+    "broadcast": "Returns a new tensor holding root_rank's values (differentiable).",
+    "broadcast_": "Overwrites `tensor` with root_rank's values; returns it.",
+    "alltoall": "Sends splits[j] rows to rank j; returns (received, received_splits).",
+    "reducescatter": "Reduces over ranks; returns this rank's block of dim 0.",
+}
+_ops.install(globals(), _ops.Adapter(
+    nouns=("tensor", "tensors"), inplace=_inplace, input=_input, copy=_copy, describe=_describe,
+    address=lambda t: t.data_ptr(), output_like=_output_like, ndim=lambda t: t.dim(),
+    output=_output, as_splits=lambda splits: torch.tensor(splits, dtype=torch.int32),
+    autograd={"allreduce": _AllreduceFn, "allgather": _AllgatherFn, "broadcast": _BroadcastFn},
+    differentiable=_differentiable), _DOCS)
 
 
 def barrier():

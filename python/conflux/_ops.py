@@ -1,0 +1,212 @@
+"""The collectives of `conflux` (NumPy) and `conflux.torch`, made from one table.
+
+OPS names every collective once: the ABI entry point it calls, the parameters it takes after its
+input, whether its input is one tensor or a group of them, whether it also works in place, and how
+its out-of-place result is made. Each one exists as four functions (two when it has no in-place
+form): `name(...)` blocks and returns the result, `name_async(...)` returns a Handle whose wait()
+returns it, and `name_` / `name_async_` work in place and return the input itself.
+
+install() writes these functions into the module of one array library. The library supplies an
+Adapter (how it checks, describes, allocates and copies a tensor) and the docstrings; nothing else
+differs. Each function is compiled from its parameter list, as dataclasses compiles __init__, so it
+has its own signature and keyword names (`array` in one library, `tensor` in the other) and costs
+a caller no more than a hand-written wrapper.
+"""
+import linecache
+from typing import Callable, NamedTuple
+
+from . import _capi
+from . import _core
+
+# ---- how the out-of-place result is made ----
+LIKE = "like"      # the input's shape and dtype: the binding allocates it, the ABI writes it
+COPY = "copy"      # the input's shape: a copy of the input, then the in-place collective on it
+ROWS = "rows"      # along dim 0, known after negotiation: the engine allocates it, the binding
+#                    copies it into a new tensor (a lone input needs a dim 0)
+SPLITS = "rows+splits"  # ROWS, returned with the rows every rank sent this one
+
+
+class Op(NamedTuple):
+    name: str        # "allreduce": also the label of its handles and of its error messages
+    entry: str       # the cfx_* function of conflux._capi
+    params: tuple    # the parameters after the input, in signature order (keys of PARAMS)
+    grouped: bool    # a list of inputs, negotiated and completed together
+    inplace: bool    # has the in-place forms
+    result: str      # LIKE, COPY, ROWS or SPLITS
+
+
+REQUIRED = object()
+
+# parameter: (default, how the ABI gets it: formatted with the parameter's name); `name` is
+# always the ABI's first argument, before the tensor description.
+PARAMS = {
+    "name": (None, None),
+    "op": (_core.Average, "check_op({0})"),
+    "root_rank": (REQUIRED, "check_root({0})"),
+    "splits": (None, "check_splits({0})"),
+    "prescale_factor": (1.0, 'check_scale({0}, "{0}")'),
+    "postscale_factor": (1.0, 'check_scale({0}, "{0}")'),
+}
+_REDUCE = ("op", "name", "prescale_factor", "postscale_factor")
+
+OPS = (
+    Op("allreduce", "cfx_allreduce_async", _REDUCE, False, True, LIKE),
+    Op("grouped_allreduce", "cfx_grouped_allreduce_async", _REDUCE, True, True, LIKE),
+    Op("allgather", "cfx_allgather_async", ("name",), False, False, ROWS),
+    Op("grouped_allgather", "cfx_grouped_allgather_async", ("name",), True, False, ROWS),
+    Op("broadcast", "cfx_broadcast_async", ("root_rank", "name"), False, True, COPY),
+    Op("alltoall", "cfx_alltoall_async", ("splits", "name"), False, False, SPLITS),
+    Op("reducescatter", "cfx_reducescatter_async", _REDUCE, False, False, ROWS),
+    Op("grouped_reducescatter", "cfx_grouped_reducescatter_async", _REDUCE, True, False, ROWS),
+)
+
+
+def _forms(op):
+    """The public names of op's functions."""
+    if op.inplace:
+        return (op.name, op.name + "_", op.name + "_async", op.name + "_async_")
+    return (op.name, op.name + "_async")
+
+
+NAMES = tuple(name for op in OPS for name in _forms(op))
+
+
+class Adapter(NamedTuple):
+    """What an array library supplies. `what` is the op's name, for error messages."""
+    nouns: tuple           # the input parameter's name, lone and grouped: ("array", "arrays")
+    inplace: Callable      # (x, what) -> x, or a view of its memory, checked for writing in place
+    input: Callable        # (x, what) -> a contiguous tensor of x's values (x itself when it is one)
+    copy: Callable         # (x, what) -> a new contiguous tensor of x's values
+    describe: Callable     # (t) -> the ABI's tuple (address, dtype, shape[, device, stream])
+    address: Callable      # (t) -> the address of t's first element
+    output_like: Callable  # (t) -> a new tensor for t's LIKE result
+    ndim: Callable         # (t) -> t's number of dimensions
+    output: Callable       # (handle, index, t) -> output `index` of a completed handle, as a new
+    #                        tensor (t: the input it belongs to)
+    as_splits: Callable    # (list of ints) -> received splits, as the library returns them
+    autograd: dict         # op name -> the autograd Function its blocking out-of-place form
+    #                        applies when differentiable(x, what) says x needs a gradient
+    differentiable: Callable
+
+
+# Function bodies. Their globals (_namespace) are the adapter's fields, the argument checks of
+# _core, and per op ENTRY (the ABI function), WHAT (the op's name) and AUTOGRAD. In the templates
+# {x} is the input parameter, {params} the other parameters, {base} the op's name, {abi} the ABI's
+# arguments after the tensor description(s) and output address(es).
+_ASYNC = {
+    (LIKE, False): """\
+    t = input({x}, WHAT)
+    out = output_like(t)
+    return submit(ENTRY, (check_name(name), describe(t), address(out){abi}), (t, out),
+                  lambda h: out, WHAT, name)
+""",
+    (LIKE, True): """\
+    ts = [input(x, WHAT) for x in {x}]
+    outs = [output_like(t) for t in ts]
+    addresses = [address(o) for o in outs]
+    return submit(ENTRY, (check_name(name), [describe(t) for t in ts], addresses{abi}), (ts, outs),
+                  lambda h: list(outs), WHAT, name)
+""",
+    (COPY, False): """\
+    return {base}_async_(copy({x}, WHAT), {params})
+""",
+    (ROWS, False): """\
+    t = input({x}, WHAT)
+    if ndim(t) == 0:
+        raise ValueError(WHAT + " needs at least one dimension (got a scalar)")
+    return submit(ENTRY, (check_name(name), describe(t){abi}), t, lambda h: output(h, 0, t),
+                  WHAT, name)
+""",
+    (ROWS, True): """\
+    ts = [input(x, WHAT) for x in {x}]
+    return submit(ENTRY, (check_name(name), [describe(t) for t in ts]{abi}), ts,
+                  lambda h: [output(h, i, t) for i, t in enumerate(ts)], WHAT, name)
+""",
+    (SPLITS, False): """\
+    t = input({x}, WHAT)
+    if ndim(t) == 0:
+        raise ValueError(WHAT + " needs at least one dimension (got a scalar)")
+    return submit(ENTRY, (check_name(name), describe(t){abi}), t,
+                  lambda h: (output(h, 0, t), as_splits(h.splits(0))), WHAT, name)
+""",
+}
+# In place: the ABI's output address is None (LIKE), the result is the input itself.
+_ASYNC_INPLACE = {
+    False: """\
+    t = inplace({x}, WHAT)
+    return submit(ENTRY, (check_name(name), describe(t){none}{abi}), t, lambda h: {x}, WHAT,
+                  name)
+""",
+    True: """\
+    xs = list({x})
+    ts = [inplace(x, WHAT) for x in xs]
+    return submit(ENTRY, (check_name(name), [describe(t) for t in ts]{none}{abi}), ts,
+                  lambda h: list(xs), WHAT, name)
+""",
+}
+_BLOCKING = """\
+    return {base}_async({x}, {params}).wait()
+"""
+_BLOCKING_INPLACE = """\
+    return {base}_async_({x}, {params}).wait()
+"""
+_DIFFERENTIABLE = """\
+    if differentiable({x}, WHAT):
+        return AUTOGRAD.apply({x}, {params})
+"""
+
+
+def _functions(op, adapter):
+    """{public name: body template} of op's functions."""
+    out = {op.name + "_async": _ASYNC[op.result, op.grouped],
+           op.name: (_DIFFERENTIABLE if op.name in adapter.autograd else "") + _BLOCKING}
+    if op.inplace:
+        out[op.name + "_async_"] = _ASYNC_INPLACE[op.grouped]
+        out[op.name + "_"] = _BLOCKING_INPLACE
+    return out
+
+
+def _namespace(op, adapter, module):
+    """The globals of op's functions."""
+    ns = dict(adapter._asdict(), __name__=module, ENTRY=getattr(_capi, op.entry), WHAT=op.name,
+              AUTOGRAD=adapter.autograd.get(op.name), submit=_core.submit,
+              check_name=_core.check_name, check_op=_core.check_op, check_root=_core.check_root,
+              check_splits=_core.check_splits, check_scale=_core.check_scale)
+    ns.update(("DEFAULT_" + p, PARAMS[p][0]) for p in op.params)
+    return ns
+
+
+def install(module_globals, adapter, docs):
+    """Defines the functions of every op of OPS in the module whose globals are `module_globals`.
+    docs[name] is a docstring as it reads without the indentation of a def's body (it is added
+    to every line after the first, as in a def written in the module); None for a name docs
+    lacks."""
+    module = module_globals["__name__"]
+    made = set()
+    for op in OPS:
+        x = adapter.nouns[op.grouped]
+        fields = dict(
+            x=x, base=op.name, params=", ".join(op.params),
+            none=", None" if op.result == LIKE else "",
+            abi="".join(", " + PARAMS[p][1].format(p) for p in op.params if PARAMS[p][1]))
+        signature = ", ".join([x] + [p if PARAMS[p][0] is REQUIRED else "%s=DEFAULT_%s" % (p, p)
+                                     for p in op.params])
+        functions = _functions(op, adapter)
+        source = "\n\n".join("def %s(%s):\n%s" % (name, signature, body.format(**fields))
+                             for name, body in functions.items())
+        # A file name of its own, in linecache: tracebacks and inspect.getsource show the code.
+        filename = "<%s.%s, made by conflux._ops>" % (module, op.name)
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        ns = _namespace(op, adapter, module)
+        clash = (set(op.params) | {x}) & set(ns)
+        if clash:  # a parameter would hide the helper of that name from the body
+            raise AssertionError("%s: parameters named like helpers: %s" % (op.name, sorted(clash)))
+        exec(compile(source, filename, "exec"), ns)
+        for name in functions:
+            doc = docs.get(name)
+            ns[name].__doc__ = None if doc is None else doc.replace("\n", "\n    ")
+            module_globals[name] = ns[name]
+            made.add(name)
+    unknown = set(docs) - made
+    if unknown:
+        raise AssertionError("docstrings for functions OPS does not make: %s" % sorted(unknown))
