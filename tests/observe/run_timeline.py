@@ -5,7 +5,9 @@
 
 run:  a NP-rank job with CFX_TIMELINE=OUTDIR/tl.json; every per-rank file must load with
       tools/cfx-timeline's loader, have its closing bracket, every phase of every tensor, a
-      "ready" mark for every rank on every tensor (rank 0's file), and STEPS submissions.
+      "ready" mark for every rank on every tensor (rank 0's file), and STEPS submissions; the
+      tool must find the STEPS steps, and its picture (OUTDIR/steps.png) must show the files'
+      intervals (test_picture.py FILE...).
 kill: the same job, rank 0 SIGKILLs itself after the steps: mpirun fails, and every file must
       still load (no closing bracket) with every phase of every tensor.
 tune: CFX_AUTOTUNE=1 with short windows over enough steps to settle: every sum stays right while
@@ -90,10 +92,23 @@ def main():
     else:
         check += ["--allow-open", "--min-occurrences", str(np)]
     r = subprocess.run(check + files)
-    if r.returncode == 0:  # the tool's summary and plot work on the same files
-        r = subprocess.run([os.path.join(HERE, "..", "..", "tools", "cfx-timeline"),
-                            "--top", "3", "--merge", os.path.join(outdir, "merged.json")] + files)
-    return r.returncode
+    if r.returncode != 0:
+        return r.returncode
+    tool = os.path.join(HERE, "..", "..", "tools", "cfx-timeline")
+    if mode == "kill":  # the summary works on the files of a killed job
+        return subprocess.run([tool, "--top", "3", "--merge", os.path.join(outdir, "merged.json")]
+                              + files).returncode
+    p = subprocess.run([tool, "--top", "3", "--png", os.path.join(outdir, "steps.png"),
+                        "--merge", os.path.join(outdir, "merged.json")] + files,
+                       stdout=subprocess.PIPE, text=True)
+    print(p.stdout)
+    if p.returncode != 0:
+        return p.returncode
+    want = "steps: %d, found from the tensor set that repeats most: %d tensor(s)" % (STEPS, ntensors)
+    if want not in p.stdout:
+        print("run_timeline: the summary does not say %r" % want)
+        return 1
+    return subprocess.run([sys.executable, os.path.join(HERE, "test_picture.py")] + files).returncode
 
 
 if __name__ == "__main__":

@@ -13,10 +13,20 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TOOL = os.path.join(HERE, "..", "..", "tools", "cfx-timeline")
+TOOLS = os.path.normpath(os.path.join(HERE, "..", "..", "tools"))
+TOOL = os.path.join(TOOLS, "cfx-timeline")
+
+
+def load_package():
+    """tools/cfx_timeline, the library behind the command."""
+    if TOOLS not in sys.path:
+        sys.path.insert(0, TOOLS)
+    import cfx_timeline
+    return cfx_timeline
 
 
 def load_tool():
+    """The command's file loaded as a module (it re-exports the library)."""
     loader = importlib.machinery.SourceFileLoader("cfx_timeline", TOOL)
     spec = importlib.util.spec_from_loader("cfx_timeline", loader)
     mod = importlib.util.module_from_spec(spec)

@@ -6,9 +6,12 @@ t on rank r the path takes what r was doing that t waited for:
 - a data-path slice (pack, collective, unpack) running at t: the background thread was busy with
   that batch (the rank's background thread runs one batch at a time);
 - else a negotiation that ended at t: the batch could start only once every rank had submitted
-  the tensor. If another rank submitted it after r had (r waited for it), the path moves to the
-  rank that submitted last and goes on with that rank's negotiation and submission;
-- else a QUEUED slice that ended at t (the tensor waited for the background thread);
+  the tensor, and once r's background thread was free to run the negotiating cycle. If r's thread
+  ran a batch during the negotiation, the wait is the time after that batch, and the path goes on
+  into the batch; if another rank submitted the tensor after that (and after r had: r waited for
+  it), the path moves to the rank that submitted last and goes on with its negotiation;
+- else a QUEUED slice that ended at t (the tensor waited for the background thread): as for a
+  negotiation, the part after a batch the thread ran meanwhile, then that batch;
 - else nothing of Conflux ended at t on r: the gap back to the last slice that ended before t is
   "outside" time (the framework computing: forward, backward, the optimizer), and before the
   rank's first slice of the step, back to the step's start, too.
@@ -51,9 +54,14 @@ def critical_path(tl, step, eps=EPS_US):
     rank = max(step.occ, key=lambda r: (step.rank_span[r][1], -r))
     t = step.end
     segs = []
+    forced = None  # the last submitter's negotiation, after a move to its rank
     for _ in range(100000):  # bounded: every turn moves t back
         if t <= step.start + 1e-9:
             break
+        if forced is not None:
+            t = _wait(segs, window[rank], forced, t, eps)
+            forced = None
+            continue
         here = [s for s in window[rank] if s.t0 < t and s.t1 >= t - eps]
         data = [s for s in here if s.phase in DATA_PHASES]
         if data:
@@ -63,15 +71,18 @@ def critical_path(tl, step, eps=EPS_US):
             continue
         neg = [s for s in here if s.phase == "negotiate" and s.t1 <= t + eps]
         if neg:
-            s = _gating_negotiation(tl, neg, rank, t, window)
-            segs.append(Segment(s.rank, s.t0, t, "negotiate", s.tensor))
-            rank, t = s.rank, s.t0
+            s = min(neg, key=lambda x: x.t0)
+            gate = _last_submitter(tl, neg, rank, t, window)
+            busy = _busy_until(window[rank], s.t0, t, eps)
+            if gate is not None and gate.rank != rank and \
+                    gate.occ.submit > max(s.t0, busy if busy is not None else s.t0):
+                rank, forced = gate.rank, gate  # `rank` waited for gate.rank to submit
+                continue
+            t = _wait(segs, window[rank], s, t, eps)
             continue
         queued = [s for s in here if s.phase == "queued" and s.t1 <= t + eps]
         if queued:
-            s = min(queued, key=lambda x: x.t0)
-            segs.append(Segment(rank, s.t0, t, "queued", s.tensor))
-            t = s.t0
+            t = _wait(segs, window[rank], min(queued, key=lambda x: x.t0), t, eps)
             continue
         ends = [s.t1 for s in window[rank] if s.t1 < t - eps]
         prev = max(ends) if ends else None
@@ -86,10 +97,26 @@ def critical_path(tl, step, eps=EPS_US):
     return _merge([s for s in segs if s.t1 > s.t0])
 
 
-def _gating_negotiation(tl, negs, rank, t, window):
-    """The negotiation slice the path goes on with: of the tensors whose negotiation on `rank`
-    ended at t, the one submitted last by any rank; on that rank when it is not `rank` (the other
-    rank arrived after `rank` had submitted, so `rank` waited for it)."""
+def _busy_until(slices, a, t, eps):
+    """The latest end of a data-path slice on the rank within (a, t - eps], or None: until then
+    the rank's background thread ran a batch, and could not take or negotiate anything else."""
+    ends = [s.t1 for s in slices if s.phase in DATA_PHASES and a < s.t1 <= t - eps]
+    return max(ends) if ends else None
+
+
+def _wait(segs, slices, s, t, eps):
+    """Adds the part of waiting slice `s` (queued or negotiate) that ends at t and returns where
+    the path goes on: at the end of a batch the rank's thread ran meanwhile (what the wait waited
+    for), else at the slice's start."""
+    busy = _busy_until(slices, s.t0, t, eps)
+    a = busy if busy is not None else s.t0  # < t: callers pass slices that start before t
+    segs.append(Segment(s.rank, a, t, s.phase, s.tensor))
+    return a
+
+
+def _last_submitter(tl, negs, rank, t, window):
+    """Of the tensors whose negotiation on `rank` ended at t, the one some rank submitted last:
+    that rank's NEGOTIATE slice of it (on `rank` itself on a tie)."""
     best = None  # (submit time, slice on the submitting rank)
     for s in negs:
         o = s.occ
@@ -102,7 +129,7 @@ def _gating_negotiation(tl, negs, rank, t, window):
                 continue
             if best is None or peer.submit > best[0] or (peer.submit == best[0] and r == rank):
                 best = (peer.submit, ps)
-    return best[1] if best else min(negs, key=lambda x: x.t0)
+    return best[1] if best else None
 
 
 def _merge(segs):

@@ -3,8 +3,12 @@
 A slice is one phase of one tensor on one rank (a trace event with ph "X" and a phase "cat"). An
 occurrence is one submission of a tensor on a rank: its consecutive slices on the tensor's lane,
 queued → negotiate → pack → collective → unpack (collectives other than allreduce have no pack and
-unpack). A new occurrence starts at a QUEUED slice, or at any phase that does not follow the one
-before it (a timeline started in the middle of a submission)."""
+unpack), taken in the order of the file: the engine writes a lane's slices in that order, while
+their timestamps need not be (a tensor that arrives during a cycle gets the cycle's start as its
+NEGOTIATE start, a little before its QUEUED slice ends). A new occurrence starts at a phase the
+current one already has, or at one that comes before the current one's last phase (a timeline
+started in the middle of a submission); QUEUED after a lone NEGOTIATE stays in the occurrence
+(the two swapped by a tool that sorted the events by time)."""
 from collections import defaultdict
 
 PHASES = ["queued", "negotiate", "pack", "collective", "unpack"]
@@ -82,13 +86,21 @@ class Timeline:
         return self._by_rank.get(rank, [])
 
 
+def _starts_new(o, cat):
+    if cat in o.slices:
+        return True
+    if cat == "queued" and list(o.slices) == ["negotiate"]:
+        return False
+    return PHASE_INDEX[cat] < o.last_phase()
+
+
 def _key(e):
     return (e.get("ph"), e.get("pid"), e.get("tid"), e.get("cat"), e.get("name"), e.get("ts"),
             e.get("dur"))
 
 
 def build(events):
-    """A Timeline from trace events (any order; ties keep the order of the files)."""
+    """A Timeline from trace events, in the files' order (per lane, the order they were written)."""
     tl = Timeline()
     tl.events = len(events)
     lanes = {}
@@ -108,7 +120,6 @@ def build(events):
             continue
         seen.add(k)
         timed.append(e)
-    timed.sort(key=lambda e: float(e.get("ts", 0)))  # stable: ties keep the files' order
     current = {}  # (rank, name) -> Occurrence being filled
     ranks = set()
     names = {}
@@ -137,7 +148,7 @@ def build(events):
         t0 = float(e.get("ts", 0))
         s = Slice(rank, name, cat, e.get("name"), t0, t0 + float(e.get("dur", 0)), e.get("args"))
         o = current.get(key)
-        if o is None or cat == "queued" or PHASE_INDEX[cat] <= o.last_phase():
+        if o is None or _starts_new(o, cat):
             lst = tl.occurrences.setdefault(key, [])
             o = Occurrence(rank, name, len(lst))
             lst.append(o)

@@ -52,8 +52,9 @@ def _union(intervals):
     return out
 
 
-def gantt_rows(step, max_rows=MAX_ROWS):
+def gantt_rows(step, max_rows=None):
     """rank -> [GanttRow] for Step `step`, tensors in the order the rank submitted them."""
+    max_rows = max_rows or MAX_ROWS
     out = {}
     for r in step.ranks:
         per = step.occ[r]
@@ -107,12 +108,12 @@ def _rects(intervals, y, h, origin):
     return out
 
 
-def draw_gantt(ax, an, k):
+def draw_gantt(ax, an, k, max_rows=None):
     from matplotlib.collections import PolyCollection
     from matplotlib.patches import Patch
     st = an.steps
     step = st.step(k)
-    rows = gantt_rows(step)
+    rows = gantt_rows(step, max_rows)
     path = an.path(k)
     strips = path_strips(path)
     ranks = step.ranks
@@ -121,6 +122,7 @@ def draw_gantt(ax, an, k):
     origin = step.start
     ticks, labels, colors = [], [], []
     band = ax.get_yaxis_transform()  # x in axes fraction, y in data
+    fill = 0.8 if max(len(v) for v in rows.values()) <= 40 else 1.0  # thin rows: no gaps (moire)
     for r in ranks:
         p = pos[r]
         if r == slow:
@@ -134,7 +136,7 @@ def draw_gantt(ax, an, k):
         for ph in PHASES:
             verts = []
             for row, (y, h) in zip(rows[r], p["rows"]):
-                verts += _rects(row.bars.get(ph, []), y + 0.1 * h, 0.8 * h, origin)
+                verts += _rects(row.bars.get(ph, []), y + (1 - fill) / 2 * h, fill * h, origin)
             if verts:
                 ax.add_collection(PolyCollection(verts, facecolors=PHASE_COLOR[ph], linewidths=0,
                                                  gid="gantt rank=%s phase=%s" % (r, ph)))
@@ -154,12 +156,10 @@ def draw_gantt(ax, an, k):
                 labels.append(row.label)
                 colors.append("#444444")
         else:
-            ry = p["rows"][0][0]
-            ax.text(0.995, ry, "%d tensors, in submission order (top first)%s"
-                    % (len(step.occ[r]), "" if len(rows[r]) == len(step.occ[r]) else
-                       "; %d per row" % math.ceil(len(step.occ[r]) / len(rows[r]))),
-                    transform=band, ha="right", va="top", fontsize=7,
-                    color="#444444")
+            per_row = math.ceil(len(step.occ[r]) / len(rows[r]))
+            ax.text(0.995, p["top"] + 0.1, "%d tensors, in submission order (top first)%s"
+                    % (len(step.occ[r]), "; %d per row" % per_row if per_row > 1 else ""),
+                    transform=band, ha="right", va="top", fontsize=7, color="#444444")
     # the path as one line: through the strips, jumping between bands
     xs, ys = [], []
     for s in path:

@@ -157,7 +157,8 @@ def print_summary(s, top=10, all_steps=False, out=sys.stdout):
         w("  partial steps (some rank missing): %d (%s%s)\n"
           % (len(p), ", ".join(map(str, p[:8])), ", ..." if len(p) > 8 else ""))
     if sf["warmup_steps"]:
-        w("  warm-up: steps 0-%d\n" % (sf["warmup_steps"] - 1))
+        w("  warm-up: %s\n" % ("step 0" if sf["warmup_steps"] == 1 else
+                               "steps 0-%d" % (sf["warmup_steps"] - 1)))
     if "steady_wall_us" in s:
         v = s["steady_wall_us"]
         w("  steady state: %d steps; first submission to last completion (ms): median %.3f, "
