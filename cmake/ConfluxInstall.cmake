@@ -26,5 +26,18 @@ install(FILES ${PROJECT_BINARY_DIR}/conflux.pc DESTINATION ${CMAKE_INSTALL_LIBDI
 install(FILES ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT dev)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT dev
         FILES_MATCHING PATTERN "*.md")
+# The job tools keep their layout (cfx-timeline imports the cfx_timeline package beside it) in
+# <datadir>/conflux/tools; <bindir> has links to them.
+set(_cfx_tools_dest ${CMAKE_INSTALL_DATADIR}/conflux/tools)
 install(PROGRAMS ${PROJECT_SOURCE_DIR}/tools/cfxrun ${PROJECT_SOURCE_DIR}/tools/cfx-timeline
-        DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT tools)
+        DESTINATION ${_cfx_tools_dest} COMPONENT tools)
+if(EXISTS ${PROJECT_SOURCE_DIR}/tools/cfx_timeline)
+  install(DIRECTORY ${PROJECT_SOURCE_DIR}/tools/cfx_timeline DESTINATION ${_cfx_tools_dest} COMPONENT tools
+          FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE)
+endif()
+file(RELATIVE_PATH _cfx_tools_rel ${CMAKE_INSTALL_FULL_BINDIR} ${CMAKE_INSTALL_PREFIX}/${_cfx_tools_dest})
+file(MAKE_DIRECTORY ${PROJECT_BINARY_DIR}/tool-links)
+foreach(_tool cfxrun cfx-timeline)
+  file(CREATE_LINK ${_cfx_tools_rel}/${_tool} ${PROJECT_BINARY_DIR}/tool-links/${_tool} SYMBOLIC)
+  install(FILES ${PROJECT_BINARY_DIR}/tool-links/${_tool} DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT tools)
+endforeach()

@@ -29,7 +29,6 @@ set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGE_NAME conflux)
 set(CPACK_PACKAGE_VENDOR "Conflux")
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
-set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "data-parallel training communication library")
 set(CPACK_PACKAGE_CONTACT "Conflux maintainers <conflux@localhost>")
 set(CPACK_PACKAGING_INSTALL_PREFIX ${CMAKE_INSTALL_PREFIX})   # the prefix the build recorded
 set(CPACK_DEB_COMPONENT_INSTALL ON)
@@ -42,7 +41,8 @@ set(CPACK_DEBIAN_ENABLE_COMPONENT_DEPENDS OFF)
 set(_cfx_deb_version "${PROJECT_VERSION}-${CPACK_DEBIAN_PACKAGE_RELEASE}")
 set(_cfx_lib_dep "libconflux${CONFLUX_ABI_VERSION} (= ${_cfx_deb_version})")
 
-# cfx_deb(COMPONENT PACKAGE SECTION DEPENDS SUMMARY): one binary package.
+# cfx_deb(COMPONENT PACKAGE SECTION DEPENDS DESCRIPTION): one binary package (the description's first
+# line is its synopsis).
 set(CPACK_COMPONENTS_ALL "")
 macro(cfx_deb comp pkg section depends summary)
   string(TOUPPER ${comp} _u)
@@ -50,17 +50,18 @@ macro(cfx_deb comp pkg section depends summary)
   set(CPACK_DEBIAN_${_u}_PACKAGE_NAME ${pkg})
   set(CPACK_DEBIAN_${_u}_PACKAGE_SECTION ${section})
   set(CPACK_DEBIAN_${_u}_PACKAGE_DEPENDS "${depends}")
-  set(CPACK_COMPONENT_${_u}_DESCRIPTION "${summary}")
+  set(CPACK_DEBIAN_${_u}_DESCRIPTION "${summary}")
 endmacro()
 
 cfx_deb(runtime libconflux${CONFLUX_ABI_VERSION} libs ""
-  "Conflux: data-parallel training communication library\n Conflux agrees with the other workers of a job on which tensors are ready, fuses\n them and reduces them (Open MPI on CPU memory, NCCL on GPU memory), behind a\n stable C ABI. This package holds the shared library.")
+  "Conflux: data-parallel training communication library\nConflux agrees with the other workers of a job on which tensors are ready, fuses\nthem and reduces them (Open MPI on CPU memory, NCCL on GPU memory), behind a\nstable C ABI. This package holds the shared library.")
 set(CPACK_DEBIAN_RUNTIME_PACKAGE_SHLIBDEPS ON)                # libc6, libopenmpi3, ... from the ELF
-set(CPACK_DEBIAN_RUNTIME_PACKAGE_GENERATE_SHLIBS ON)          # DEBIAN/shlibs, ldconfig trigger
+set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)                  # DEBIAN/shlibs of libconflux1
+set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS_POLICY ">=")         # the ABI is stable within a SONAME
 cfx_deb(dev libconflux-dev libdevel "${_cfx_lib_dep}"
-  "Conflux: development files\n The C header conflux/conflux.h, the libconflux.so link, the CMake package\n (find_package(Conflux), Conflux::conflux), conflux.pc and the documentation.")
+  "Conflux: development files\nThe C header conflux/conflux.h, the libconflux.so link, the CMake package\n(find_package(Conflux), Conflux::conflux), conflux.pc and the documentation.")
 cfx_deb(tools conflux-tools utils "python3, openmpi-bin"
-  "Conflux: job tools\n cfxrun starts a Conflux job over Open MPI's mpirun; cfx-timeline merges and\n summarises the timelines a job writes.")
+  "Conflux: job tools\ncfxrun starts a Conflux job over Open MPI's mpirun; cfx-timeline merges and\nsummarises the timelines a job writes.")
 set(CPACK_DEBIAN_TOOLS_PACKAGE_SUGGESTS python3-matplotlib)
 if(TARGET cfx_python)
   # the interpreter the module was built for, from its suffix (.cpython-311-x86_64-linux-gnu.so)
@@ -71,16 +72,16 @@ if(TARGET cfx_python)
     set(_cfx_py_deps "python3 (>= 3.${CMAKE_MATCH_1}~), python3 (<< 3.${_cfx_py_next}), ")
   endif()
   cfx_deb(python python3-conflux python "${_cfx_lib_dep}, ${_cfx_py_deps}python3-numpy"
-    "Conflux for Python 3\n The conflux package: collectives on NumPy arrays, conflux.torch for PyTorch\n (DistributedOptimizer) and a Horovod-compatible conflux.horovod.torch.")
+    "Conflux for Python 3\nThe conflux package: collectives on NumPy arrays, conflux.torch for PyTorch\n(DistributedOptimizer) and a Horovod-compatible conflux.horovod.torch.")
   set(CPACK_DEBIAN_PYTHON_PACKAGE_SUGGESTS python3-torch)
 endif()
 if(TARGET conflux_jar)
   cfx_deb(java libconflux-java java
     "${_cfx_lib_dep}, default-jre-headless (>= 2:1.17) | java17-runtime-headless"
-    "Conflux for Java\n The org.conflux package (conflux.jar, its pom) and its JNI library\n libconflux_jni.so.")
+    "Conflux for Java\nThe org.conflux package (conflux.jar, its pom) and its JNI library\nlibconflux_jni.so.")
 endif()
 if(TARGET cfx_lua)
   cfx_deb(lua lua-conflux interpreters "${_cfx_lib_dep}, lua5.4"
-    "Conflux for Lua 5.4\n require \"conflux\": collectives on Lua tables and typed arrays, async handles.")
+    "Conflux for Lua 5.4\nThe conflux module: collectives on Lua tables and typed arrays, async handles.")
 endif()
 include(CPack)

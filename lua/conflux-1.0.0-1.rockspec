@@ -1,12 +1,15 @@
--- Conflux for Lua 5.4. Builds the whole library with CMake (the Lua module links libconflux.so) and
--- installs conflux.lua and conflux_core.so into the rocks tree:
---   luarocks make lua/conflux-1.0.0-1.rockspec        (from a source checkout)
--- Needs a C compiler, CMake >= 3.25, SWIG 4 and Open MPI (libopenmpi-dev) for multi-process jobs.
+-- Conflux for Lua 5.4. From a source checkout (the folder of CMakeLists.txt):
+--   luarocks --lua-version=5.4 make lua/conflux-1.0.0-1.rockspec [--tree DIR]
+-- builds libconflux and the Lua module with CMake (in build.luarocks/) and installs conflux.lua and
+-- conflux_core.so into the tree; libconflux.so.<ABI> stays in the rock's own folder, where
+-- conflux_core.so finds it (its RUNPATH). Needs a C compiler, CMake >= 3.25, SWIG 4, Lua 5.4 headers
+-- and Open MPI (libopenmpi-dev) for multi-process jobs. The version is CMake's project version
+-- (a test checks that this file's name and version match it).
 rockspec_format = "3.0"
 package = "conflux"
 version = "1.0.0-1"
 source = {
-  url = "git+https://example.invalid/conflux.git",  -- replace with the project's repository
+  url = "git+https://localhost/conflux.git",  -- the project's repository
   tag = "v1.0.0",
 }
 description = {
@@ -21,18 +24,17 @@ arrays, async handles, structured errors.]],
 dependencies = { "lua >= 5.4, < 5.5" }
 build_dependencies = {}
 build = {
-  type = "cmake",
-  variables = {
-    CMAKE_BUILD_TYPE = "Release",
-    CMAKE_INSTALL_PREFIX = "$(PREFIX)",
-    CONFLUX_LUA_CMOD_DIR = "$(LIBDIR)",
-    CONFLUX_LUA_LMOD_DIR = "$(LUADIR)",
-    CONFLUX_WITH_LUA = "ON",
-    CONFLUX_WITH_JAVA = "OFF",
-    CONFLUX_WITH_PYTHON = "OFF",
-    BUILD_TESTING = "OFF",
-    LUA_INCLUDE_DIR = "$(LUA_INCDIR)",
-  },
+  -- "command", not "cmake": only the Lua module and the library are installed (cmake --install
+  -- --component), the library outside the folders luarocks deploys into the tree.
+  type = "command",
+  build_command = [[
+cmake -S . -B build.luarocks -DCMAKE_BUILD_TYPE=Release "-DCMAKE_INSTALL_PREFIX=$(PREFIX)" \
+  -DCMAKE_INSTALL_LIBDIR=native "-DCONFLUX_LUA_CMOD_DIR=$(LIBDIR)" "-DCONFLUX_LUA_LMOD_DIR=$(LUADIR)" \
+  "-DLUA_INCLUDE_DIR=$(LUA_INCDIR)" -DCONFLUX_WITH_LUA=ON -DCONFLUX_WITH_JAVA=OFF \
+  -DCONFLUX_WITH_PYTHON=OFF -DBUILD_TESTING=OFF $CONFLUX_CMAKE_ARGS &&
+cmake --build build.luarocks --target cfx_lua]],
+  install_command = [[
+cmake --install build.luarocks --component lua && cmake --install build.luarocks --component runtime]],
 }
 test = {
   type = "command",
