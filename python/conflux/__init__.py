@@ -141,8 +141,8 @@ _DOCS = {
     "broadcast_": "Overwrites `array` with root_rank's values; returns it.",
     "alltoall": "Sends splits[j] rows (dim 0) to rank j (equal split when None). Returns\n"
                 "(received, received_splits).",
-    "reducescatter": "Reduces over ranks and returns this rank's block of dim 0 (the first d0 % size "
-                     "ranks get one\nextra row).",
+    "reducescatter": "Reduces over ranks and returns this rank's block of dim 0 (the first d0 % "
+                     "size ranks get one\nextra row).",
 }
 _ops.install(globals(), _ops.Adapter(
     nouns=("array", "arrays"), inplace=_inplace, input=_input, copy=_copy, describe=_describe,

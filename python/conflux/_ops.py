@@ -61,21 +61,21 @@ OPS = (
 )
 
 
-def _forms(op):
+def forms(op):
     """The public names of op's functions."""
     if op.inplace:
         return (op.name, op.name + "_", op.name + "_async", op.name + "_async_")
     return (op.name, op.name + "_async")
 
 
-NAMES = tuple(name for op in OPS for name in _forms(op))
+NAMES = tuple(name for op in OPS for name in forms(op))
 
 
 class Adapter(NamedTuple):
     """What an array library supplies. `what` is the op's name, for error messages."""
     nouns: tuple           # the input parameter's name, lone and grouped: ("array", "arrays")
     inplace: Callable      # (x, what) -> x, or a view of its memory, checked for writing in place
-    input: Callable        # (x, what) -> a contiguous tensor of x's values (x itself when it is one)
+    input: Callable        # (x, what) -> a contiguous tensor of x's values (x itself if it is)
     copy: Callable         # (x, what) -> a new contiguous tensor of x's values
     describe: Callable     # (t) -> the ABI's tuple (address, dtype, shape[, device, stream])
     address: Callable      # (t) -> the address of t's first element
@@ -89,10 +89,11 @@ class Adapter(NamedTuple):
     differentiable: Callable
 
 
-# Function bodies. Their globals (_namespace) are the adapter's fields, the argument checks of
-# _core, and per op ENTRY (the ABI function), WHAT (the op's name) and AUTOGRAD. In the templates
-# {x} is the input parameter, {params} the other parameters, {base} the op's name, {abi} the ABI's
-# arguments after the tensor description(s) and output address(es).
+# The bodies of the async forms (the blocking ones wait at the end: _blocking). Their globals
+# (_namespace) are the adapter's fields, _core's submit and argument checks, and per op ENTRY
+# (the ABI function), WHAT (the op's name) and AUTOGRAD. In the templates {x} is the input
+# parameter, {params} the other parameters, {base} the op's name, {abi} the ABI's arguments after
+# the tensor description(s) and output address(es).
 _ASYNC = {
     (LIKE, False): """\
     t = input({x}, WHAT)
@@ -144,32 +145,35 @@ _ASYNC_INPLACE = {
                   lambda h: list(xs), WHAT, name)
 """,
 }
-_BLOCKING = """\
-    return {base}_async({x}, {params}).wait()
-"""
-_BLOCKING_INPLACE = """\
-    return {base}_async_({x}, {params}).wait()
-"""
 _DIFFERENTIABLE = """\
     if differentiable({x}, WHAT):
         return AUTOGRAD.apply({x}, {params})
 """
 
 
+def _blocking(body):
+    """The blocking form of an async body: its last `return X` becomes `return wait(X)`. (Not a
+    call of the async function: that would cost every blocking call one more Python call.)"""
+    head, _, last = ("\n" + body).rpartition("\n    return ")
+    return (head + "\n    return wait(" + last.rstrip("\n") + ")\n")[1:]
+
+
 def _functions(op, adapter):
     """{public name: body template} of op's functions."""
-    out = {op.name + "_async": _ASYNC[op.result, op.grouped],
-           op.name: (_DIFFERENTIABLE if op.name in adapter.autograd else "") + _BLOCKING}
+    body = _ASYNC[op.result, op.grouped]
+    out = {op.name + "_async": body,
+           op.name: (_DIFFERENTIABLE if op.name in adapter.autograd else "") + _blocking(body)}
     if op.inplace:
-        out[op.name + "_async_"] = _ASYNC_INPLACE[op.grouped]
-        out[op.name + "_"] = _BLOCKING_INPLACE
+        body = _ASYNC_INPLACE[op.grouped]
+        out[op.name + "_async_"] = body
+        out[op.name + "_"] = _blocking(body)
     return out
 
 
 def _namespace(op, adapter, module):
     """The globals of op's functions."""
     ns = dict(adapter._asdict(), __name__=module, ENTRY=getattr(_capi, op.entry), WHAT=op.name,
-              AUTOGRAD=adapter.autograd.get(op.name), submit=_core.submit,
+              AUTOGRAD=adapter.autograd.get(op.name), submit=_core.submit, wait=_core.Handle.wait,
               check_name=_core.check_name, check_op=_core.check_op, check_root=_core.check_root,
               check_splits=_core.check_splits, check_scale=_core.check_scale)
     ns.update(("DEFAULT_" + p, PARAMS[p][0]) for p in op.params)
@@ -177,12 +181,9 @@ def _namespace(op, adapter, module):
 
 
 def install(module_globals, adapter, docs):
-    """Defines the functions of every op of OPS in the module whose globals are `module_globals`.
-    docs[name] is a docstring as it reads without the indentation of a def's body (it is added
-    to every line after the first, as in a def written in the module); None for a name docs
-    lacks."""
+    """Defines the functions of every op of OPS in the module whose globals are `module_globals`,
+    with docstrings from `docs` (as define takes them)."""
     module = module_globals["__name__"]
-    made = set()
     for op in OPS:
         x = adapter.nouns[op.grouped]
         fields = dict(
@@ -191,22 +192,26 @@ def install(module_globals, adapter, docs):
             abi="".join(", " + PARAMS[p][1].format(p) for p in op.params if PARAMS[p][1]))
         signature = ", ".join([x] + [p if PARAMS[p][0] is REQUIRED else "%s=DEFAULT_%s" % (p, p)
                                      for p in op.params])
-        functions = _functions(op, adapter)
-        source = "\n\n".join("def %s(%s):\n%s" % (name, signature, body.format(**fields))
-                             for name, body in functions.items())
-        # A file name of its own, in linecache: tracebacks and inspect.getsource show the code.
-        filename = "<%s.%s, made by conflux._ops>" % (module, op.name)
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        sources = {name: "def %s(%s):\n%s" % (name, signature, body.format(**fields))
+                   for name, body in _functions(op, adapter).items()}
         ns = _namespace(op, adapter, module)
         clash = (set(op.params) | {x}) & set(ns)
         if clash:  # a parameter would hide the helper of that name from the body
             raise AssertionError("%s: parameters named like helpers: %s" % (op.name, sorted(clash)))
-        exec(compile(source, filename, "exec"), ns)
-        for name in functions:
-            doc = docs.get(name)
-            ns[name].__doc__ = None if doc is None else doc.replace("\n", "\n    ")
-            module_globals[name] = ns[name]
-            made.add(name)
-    unknown = set(docs) - made
-    if unknown:
-        raise AssertionError("docstrings for functions OPS does not make: %s" % sorted(unknown))
+        define(module_globals, "<%s.%s, made by conflux._ops>" % (module, op.name), sources, ns,
+               docs)
+
+
+def define(module_globals, filename, sources, ns, docs):
+    """Compiles `sources` ({name: the source of def name(...)}) with the globals `ns` and puts the
+    functions into `module_globals`. `filename` names them in tracebacks; it is kept in linecache,
+    so that tracebacks and inspect.getsource show the code. docs[name] is a docstring as it reads
+    without the indentation of a def's body (that is added to every line after the first, as in
+    a def written in a module); a name without one gets None."""
+    source = "\n\n".join(sources.values())
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), ns)
+    for name in sources:
+        doc = docs.get(name)
+        ns[name].__doc__ = None if doc is None else doc.replace("\n", "\n    ")
+        module_globals[name] = ns[name]

@@ -217,12 +217,13 @@ _DOCS = {
     "alltoall": "Sends splits[j] rows to rank j; returns (received, received_splits).",
     "reducescatter": "Reduces over ranks; returns this rank's block of dim 0.",
 }
-_ops.install(globals(), _ops.Adapter(
+_ADAPTER = _ops.Adapter(
     nouns=("tensor", "tensors"), inplace=_inplace, input=_input, copy=_copy, describe=_describe,
     address=lambda t: t.data_ptr(), output_like=_output_like, ndim=lambda t: t.dim(),
     output=_output, as_splits=lambda splits: torch.tensor(splits, dtype=torch.int32),
     autograd={"allreduce": _AllreduceFn, "allgather": _AllgatherFn, "broadcast": _BroadcastFn},
-    differentiable=_differentiable), _DOCS)
+    differentiable=_differentiable)
+_ops.install(globals(), _ADAPTER, _DOCS)
 
 
 def barrier():

@@ -10,6 +10,7 @@ import torch
 
 import conflux.torch as _cfx
 from conflux import _core
+from conflux import _ops
 from conflux.torch import Compression, Compressor, NoneCompressor, FP16Compressor  # noqa: F401
 from conflux.torch import broadcast_optimizer_state as _bcast_opt_state
 from conflux.torch import broadcast_parameters  # noqa: F401
@@ -244,84 +245,109 @@ def poll(handle):
     return _core.poll(handle)
 
 
-def synchronize(handle):
-    """Waits for an async collective and returns its output; failures decided across ranks raise
-    HorovodInternalError."""
+def _horovod_errors(fn, *args):
+    """fn(*args); a failure decided across ranks (a ConfluxError that is no ValueError) is raised
+    as HorovodInternalError."""
     try:
-        return _core.synchronize(handle)
+        return fn(*args)
     except _core.ConfluxError as exc:
         if isinstance(exc, ValueError):
             raise
         raise _internal_error(exc) from exc
+
+
+def synchronize(handle):
+    """Waits for an async collective and returns its output; failures decided across ranks raise
+    HorovodInternalError."""
+    return _horovod_errors(_core.synchronize, handle)
 
 
 def _sync(handle):
     return synchronize(handle)
 
 
-# ---- allreduce ----
+def _check_rs_op(op):
+    if op not in (Average, Sum):
+        raise NotImplementedError("Reducescatter currently only supports AVERAGE and SUM.")
+    return op
 
 
-def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                    postscale_factor=1.0, process_set=global_process_set):
-    _check_process_set(process_set)
-    return _cfx.allreduce_async(tensor, _resolve_op(op, average), name, prescale_factor,
-                                postscale_factor)
+# ---- the collectives: conflux.torch's (conflux._ops.OPS), with Horovod's parameters ----
+_REDUCE = ("average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0, "
+           "process_set=global_process_set")
+_SCATTER = ("name=None, op=Average, process_set=global_process_set, prescale_factor=1.0, "
+            "postscale_factor=1.0")
+# op: (Horovod's parameters after the input, what conflux.torch gets for its `op` parameter)
+_HOROVOD = {
+    "allreduce": (_REDUCE, "_resolve_op(op, average)"),
+    "grouped_allreduce": (_REDUCE, "_resolve_op(op, average)"),
+    "allgather": ("name=None, process_set=global_process_set", None),
+    "grouped_allgather": ("name=None, process_set=global_process_set", None),
+    "broadcast": ("root_rank, name=None, process_set=global_process_set", None),
+    "alltoall": ("splits=None, name=None, process_set=global_process_set", None),
+    "reducescatter": (_SCATTER, "_check_rs_op(op)"),
+    "grouped_reducescatter": (_SCATTER, "_check_rs_op(op)"),
+}
+_DOCS = {"alltoall": "Returns the received tensor, or (received, received_splits) when `splits` "
+                     "is given."}
 
 
-def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-                     postscale_factor=1.0, process_set=global_process_set):
-    _check_process_set(process_set)
-    return _cfx.allreduce_async_(tensor, _resolve_op(op, average), name, prescale_factor,
-                                 postscale_factor)
+def _blocking_body(op, x, names):
+    """The body of op's blocking out-of-place form. A reduction compresses its input(s) and
+    decompresses the result. A collective that conflux.torch makes differentiable goes through
+    conflux.torch's blocking form, and every failure of that call (at the call too) is Horovod's;
+    the others wait for the async form (_sync: failures decided across ranks)."""
+    op_arg = _HOROVOD[op.name][1]
+    lines, arg, result = [], x, "out"
+    differentiable = op.name in _cfx._ADAPTER.autograd
+    if differentiable:
+        lines.append("_check_process_set(process_set)")
+        if op_arg:
+            lines.append("op = " + op_arg)
+    if "op" in op.params and op.grouped:
+        lines.append("pairs = [compression.compress(t) for t in %s]" % x)
+        arg = "[t for t, _ in pairs]"
+        result = "[compression.decompress(o, c) for o, (_, c) in zip(out, pairs)]"
+    elif "op" in op.params:
+        lines.append("compressed, ctx = compression.compress(%s)" % x)
+        arg, result = "compressed", "compression.decompress(out, ctx)"
+    if differentiable:
+        call = "_horovod_errors(_cfx.%s, %s)" % (op.name, ", ".join((arg,) + op.params))
+    else:
+        call = "_sync(%s_async(%s))" % (op.name, ", ".join([arg] + names))
+    lines.append("out = " + call)
+    if op.result == _ops.SPLITS:
+        result = "out[0] if splits is None else (out[0], out[1])"
+    lines.append("return " + result)
+    return "".join("    %s\n" % line for line in lines)
 
 
-def allreduce(tensor, average=None, name=None, compression=Compression.none, op=None,
-              prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
-    _check_process_set(process_set)
-    op = _resolve_op(op, average)
-    compressed, ctx = compression.compress(tensor)
-    try:
-        reduced = _cfx.allreduce(compressed, op, name, prescale_factor, postscale_factor)
-    except _core.ConfluxError as exc:
-        if isinstance(exc, ValueError):
-            raise
-        raise _internal_error(exc) from exc
-    return compression.decompress(reduced, ctx)
+def _horovod_sources(op):
+    """{name: source of its def} of op's Horovod functions."""
+    params, op_arg = _HOROVOD[op.name]
+    x = "tensors" if op.grouped else "tensor"
+    names = [p.split("=")[0].strip() for p in params.split(",")]
+    cfx_args = ", ".join([x] + [op_arg if p == "op" else p for p in op.params])
+    sources = {}
+    for name in _ops.forms(op):
+        signature = params
+        if name.endswith("_async") or name.endswith("_async_"):
+            body = ("    _check_process_set(process_set)\n"
+                    "    return _cfx.%s(%s)\n" % (name, cfx_args))
+        elif name.endswith("_"):
+            body = "    return _sync(%s_async_(%s))\n" % (op.name, ", ".join([x] + names))
+        else:
+            if "op" in op.params:
+                signature = params.replace("name=None", "name=None, compression=Compression.none")
+            body = _blocking_body(op, x, names)
+        sources[name] = "def %s(%s, %s):\n%s" % (name, x, signature, body)
+    return sources
 
 
-def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
-               postscale_factor=1.0, process_set=global_process_set):
-    return _sync(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor,
-                                  process_set))
-
-
-def grouped_allreduce_async(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                            postscale_factor=1.0, process_set=global_process_set):
-    _check_process_set(process_set)
-    return _cfx.grouped_allreduce_async(tensors, _resolve_op(op, average), name, prescale_factor,
-                                        postscale_factor)
-
-
-def grouped_allreduce_async_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                             postscale_factor=1.0, process_set=global_process_set):
-    _check_process_set(process_set)
-    return _cfx.grouped_allreduce_async_(tensors, _resolve_op(op, average), name, prescale_factor,
-                                         postscale_factor)
-
-
-def grouped_allreduce(tensors, average=None, name=None, compression=Compression.none, op=None,
-                      prescale_factor=1.0, postscale_factor=1.0, process_set=global_process_set):
-    pairs = [compression.compress(t) for t in tensors]
-    outs = _sync(grouped_allreduce_async([t for t, _ in pairs], average, name, op,
-                                         prescale_factor, postscale_factor, process_set))
-    return [compression.decompress(o, c) for o, (_, c) in zip(outs, pairs)]
-
-
-def grouped_allreduce_(tensors, average=None, name=None, op=None, prescale_factor=1.0,
-                       postscale_factor=1.0, process_set=global_process_set):
-    return _sync(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                          postscale_factor, process_set))
+for _op in _ops.OPS:
+    _ops.define(globals(), "<%s.%s, made from _HOROVOD>" % (__name__, _op.name),
+                _horovod_sources(_op), globals(), _DOCS)
+del _op
 
 
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
@@ -343,105 +369,6 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
             vals = vals / size()
         return torch.sparse_coo_tensor(idx, vals, size=t.size())
     return handle
-
-
-# ---- allgather, broadcast, alltoall, reducescatter ----
-
-
-def allgather_async(tensor, name=None, process_set=global_process_set):
-    _check_process_set(process_set)
-    return _cfx.allgather_async(tensor, name)
-
-
-def allgather(tensor, name=None, process_set=global_process_set):
-    _check_process_set(process_set)
-    try:
-        return _cfx.allgather(tensor, name)
-    except _core.ConfluxError as exc:
-        if isinstance(exc, ValueError):
-            raise
-        raise _internal_error(exc) from exc
-
-
-def grouped_allgather_async(tensors, name=None, process_set=global_process_set):
-    _check_process_set(process_set)
-    return _cfx.grouped_allgather_async(tensors, name)
-
-
-def grouped_allgather(tensors, name=None, process_set=global_process_set):
-    return _sync(grouped_allgather_async(tensors, name, process_set))
-
-
-def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
-    _check_process_set(process_set)
-    return _cfx.broadcast_async(tensor, root_rank, name)
-
-
-def broadcast_async_(tensor, root_rank, name=None, process_set=global_process_set):
-    _check_process_set(process_set)
-    return _cfx.broadcast_async_(tensor, root_rank, name)
-
-
-def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
-    _check_process_set(process_set)
-    try:
-        return _cfx.broadcast(tensor, root_rank, name)
-    except _core.ConfluxError as exc:
-        if isinstance(exc, ValueError):
-            raise
-        raise _internal_error(exc) from exc
-
-
-def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
-    return _sync(broadcast_async_(tensor, root_rank, name, process_set))
-
-
-def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
-    _check_process_set(process_set)
-    return _cfx.alltoall_async(tensor, splits, name)
-
-
-def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
-    """Returns the received tensor, or (received, received_splits) when `splits` is given."""
-    output, received_splits = _sync(alltoall_async(tensor, splits, name, process_set))
-    return output if splits is None else (output, received_splits)
-
-
-def _check_rs_op(op):
-    if op not in (Average, Sum):
-        raise NotImplementedError("Reducescatter currently only supports AVERAGE and SUM.")
-    return op
-
-
-def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
-                        prescale_factor=1.0, postscale_factor=1.0):
-    _check_process_set(process_set)
-    return _cfx.reducescatter_async(tensor, _check_rs_op(op), name, prescale_factor,
-                                    postscale_factor)
-
-
-def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
-                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0):
-    compressed, ctx = compression.compress(tensor)
-    out = _sync(reducescatter_async(compressed, name, op, process_set, prescale_factor,
-                                    postscale_factor))
-    return compression.decompress(out, ctx)
-
-
-def grouped_reducescatter_async(tensors, name=None, op=Average, process_set=global_process_set,
-                                prescale_factor=1.0, postscale_factor=1.0):
-    _check_process_set(process_set)
-    return _cfx.grouped_reducescatter_async(tensors, _check_rs_op(op), name, prescale_factor,
-                                            postscale_factor)
-
-
-def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=Average,
-                          process_set=global_process_set, prescale_factor=1.0,
-                          postscale_factor=1.0):
-    pairs = [compression.compress(t) for t in tensors]
-    outs = _sync(grouped_reducescatter_async([t for t, _ in pairs], name, op, process_set,
-                                             prescale_factor, postscale_factor))
-    return [compression.decompress(o, c) for o, (_, c) in zip(outs, pairs)]
 
 
 def join(device=-1):
