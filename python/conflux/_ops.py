@@ -48,16 +48,21 @@ PARAMS = {
     "postscale_factor": (1.0, 'check_scale({0}, "{0}")'),
 }
 _REDUCE = ("op", "name", "prescale_factor", "postscale_factor")
+_NAME = ("name",)
+_ROOT = ("root_rank", "name")
+_SPLITS = ("splits", "name")
 
+# Every op has a blocking and an async form (forms()).
 OPS = (
-    Op("allreduce", "cfx_allreduce_async", _REDUCE, False, True, LIKE),
-    Op("grouped_allreduce", "cfx_grouped_allreduce_async", _REDUCE, True, True, LIKE),
-    Op("allgather", "cfx_allgather_async", ("name",), False, False, ROWS),
-    Op("grouped_allgather", "cfx_grouped_allgather_async", ("name",), True, False, ROWS),
-    Op("broadcast", "cfx_broadcast_async", ("root_rank", "name"), False, True, COPY),
-    Op("alltoall", "cfx_alltoall_async", ("splits", "name"), False, False, SPLITS),
-    Op("reducescatter", "cfx_reducescatter_async", _REDUCE, False, False, ROWS),
-    Op("grouped_reducescatter", "cfx_grouped_reducescatter_async", _REDUCE, True, False, ROWS),
+    #  name                    ABI entry                          params   grouped inplace result
+    Op("allreduce",             "cfx_allreduce_async",             _REDUCE, False,  True,   LIKE),
+    Op("grouped_allreduce",     "cfx_grouped_allreduce_async",     _REDUCE, True,   True,   LIKE),
+    Op("allgather",             "cfx_allgather_async",             _NAME,   False,  False,  ROWS),
+    Op("grouped_allgather",     "cfx_grouped_allgather_async",     _NAME,   True,   False,  ROWS),
+    Op("broadcast",             "cfx_broadcast_async",             _ROOT,   False,  True,   COPY),
+    Op("alltoall",              "cfx_alltoall_async",              _SPLITS, False,  False,  SPLITS),
+    Op("reducescatter",         "cfx_reducescatter_async",         _REDUCE, False,  False,  ROWS),
+    Op("grouped_reducescatter", "cfx_grouped_reducescatter_async", _REDUCE, True,   False,  ROWS),
 )
 
 
