@@ -60,12 +60,19 @@ def raw_occurrence(raw, rank, tensor, index):
 
 
 def union(iv):
-    out = []
-    for a, b in sorted(iv):
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
+    """Disjoint intervals covering `iv`, by a sweep over the end points (a count of the intervals
+    open at each point)."""
+    points = sorted([(a, 0) for a, _ in iv] + [(b, 1) for _, b in iv])  # starts before ends
+    out, depth, start = [], 0, None
+    for x, kind in points:
+        if kind == 0:
+            if depth == 0:
+                start = x
+            depth += 1
         else:
-            out.append((a, b))
+            depth -= 1
+            if depth == 0:
+                out.append((start, x))
     return out
 
 

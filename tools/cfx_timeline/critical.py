@@ -12,9 +12,12 @@ t on rank r the path takes what r was doing that t waited for:
   it), the path moves to the rank that submitted last and goes on with its negotiation;
 - else a QUEUED slice that ended at t (the tensor waited for the background thread): as for a
   negotiation, the part after a batch the thread ran meanwhile, then that batch;
-- else nothing of Conflux ended at t on r: the gap back to the last slice that ended before t is
-  "outside" time (the framework computing: forward, backward, the optimizer), and before the
-  rank's first slice of the step, back to the step's start, too.
+- else nothing of r's ended at t. If r had a tensor in flight then (submitted, not done: it waits
+  inside Conflux between two of its slices, e.g. for the next batch) and another rank was running
+  a batch at t, the path moves to that rank (collectives run in step on every rank); with no such
+  rank the time back to r's last slice is a "gap" (inside Conflux, between phases). With nothing
+  in flight it is "outside" time (the framework computing: forward, backward, the optimizer), and
+  so is the time before the rank's first slice of the step, back to the step's start.
 
 Moments closer than EPS_US count as the same moment. The path covers the step's wall time
 exactly once, so its segments' shares add up to 100 %.
@@ -22,9 +25,9 @@ exactly once, so its segments' shares add up to 100 %.
 from .model import DATA_PHASES
 
 EPS_US = 5.0
-KINDS = ["between", "outside", "queued", "negotiate", "pack", "collective", "unpack"]
+KINDS = ["between", "outside", "queued", "negotiate", "pack", "collective", "unpack", "gap"]
 KIND_LABEL = {"between": "framework, between steps", "outside": "framework, during the step",
-              "queued": "queued",
+              "gap": "in Conflux, between phases", "queued": "queued",
               "negotiate": "negotiate", "pack": "pack", "collective": "collective",
               "unpack": "unpack"}
 
@@ -84,12 +87,20 @@ def critical_path(tl, step, eps=EPS_US):
         if queued:
             t = _wait(segs, window[rank], min(queued, key=lambda x: x.t0), t, eps)
             continue
+        inflight = any(s.occ.submit < t and s.occ.end > t for s in window[rank])
+        if inflight:  # r waits inside Conflux with no slice of its own: for a batch elsewhere?
+            other = [s for g in window if g != rank for s in window[g]
+                     if s.phase in DATA_PHASES and s.t0 < t and s.t1 >= t - eps]
+            if other:
+                rank = max(other, key=lambda x: (x.t1, -x.rank)).rank
+                continue
+        kind = "gap" if inflight else "outside"
         ends = [s.t1 for s in window[rank] if s.t1 < t - eps]
         prev = max(ends) if ends else None
         if prev is None or prev <= step.start:
-            segs.append(Segment(rank, step.start, t, "outside", None))
+            segs.append(Segment(rank, step.start, t, kind, None))
             break
-        segs.append(Segment(rank, prev, t, "outside", None))
+        segs.append(Segment(rank, prev, t, kind, None))
         t = prev
     segs.reverse()
     for s in segs:

@@ -20,11 +20,12 @@ import math
 
 from . import critical
 from .model import PHASES
+from .steps import union
 
 MAX_ROWS = 200  # rows per rank band before tensors are grouped
 PHASE_COLOR = {"queued": "#c9c9c9", "negotiate": "#f28e2b", "pack": "#8cd17d",
                "collective": "#4e79a7", "unpack": "#59a14f"}
-KIND_COLOR = dict(PHASE_COLOR, outside="#ffffff", between="#eeeeee")
+KIND_COLOR = dict(PHASE_COLOR, outside="#ffffff", between="#eeeeee", gap="#b07aa1")
 SLOW_COLOR = "#d62728"
 
 
@@ -40,16 +41,6 @@ class GanttRow:
         if len(self.names) == 1:
             return self.names[0]
         return "%s .. %s (%d)" % (self.names[0], self.names[-1], len(self.names))
-
-
-def _union(intervals):
-    out = []
-    for a, b in sorted(intervals):
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
 
 
 def gantt_rows(step, max_rows=None):
@@ -68,7 +59,7 @@ def gantt_rows(step, max_rows=None):
                 iv = [(per[n].slices[ph].t0, per[n].slices[ph].t1) for n in group
                       if ph in per[n].slices]
                 if iv:
-                    bars[ph] = iv if g == 1 else _union(iv)
+                    bars[ph] = iv if g == 1 else union(iv)
             rows.append(GanttRow(r, group, bars))
         out[r] = rows
     return out
@@ -180,9 +171,11 @@ def draw_gantt(ax, an, k, max_rows=None):
     ax.set_axisbelow(True)
     handles = [Patch(color=PHASE_COLOR[p], label=p) for p in PHASES]
     from matplotlib.lines import Line2D
-    handles.append(Patch(facecolor="white", edgecolor="#555555", label="framework (path strip)"))
+    handles.append(Patch(facecolor="white", edgecolor="#555555", label="path: framework"))
+    handles.append(Patch(facecolor=KIND_COLOR["gap"], edgecolor="#555555",
+                         label="path: in Conflux, between phases"))
     handles.append(Line2D([], [], color="black", lw=1.2, label="critical path"))
-    ax.legend(handles=handles, fontsize=7, ncol=8, loc="upper center", bbox_to_anchor=(0.5, -0.07),
+    ax.legend(handles=handles, fontsize=7, ncol=9, loc="upper center", bbox_to_anchor=(0.5, -0.07),
               frameon=False)
     return rows, strips
 
@@ -296,15 +289,14 @@ def headline(an, k):
     tot, total = an.shares()
     lines = ["Conflux timeline: %d ranks, %d steps found from %s (%d tensors), %d warm-up"
              % (len(an.tl.ranks), len(st.steps), st.source, len(st.names), st.warmup)]
+    parts = []
     if total > 0:
-        pct = {kd: 100.0 * tot[kd] / total for kd in critical.KINDS}
-        lines.append("an iteration: framework %.0f %% (between steps %.0f %%, during the step "
-                     "%.0f %%); Conflux on the critical path: queued %.0f %%, negotiate %.0f %%, "
-                     "collective %.0f %%, pack + unpack %.0f %%"
-                     % (pct["between"] + pct["outside"], pct["between"], pct["outside"],
-                        pct["queued"], pct["negotiate"], pct["collective"],
-                        pct["pack"] + pct["unpack"]))
+        big = sorted((kd for kd in critical.KINDS if tot[kd] >= 0.005 * total),
+                     key=lambda kd: -tot[kd])
+        parts.append("where an iteration goes (critical path): " + ", ".join(
+            "%s %.0f %%" % (critical.KIND_LABEL[kd], 100.0 * tot[kd] / total) for kd in big))
     if len(step.ranks) > 1:
-        slow = step.slowest_rank()
-        lines[-1] += "; slowest rank of step %d: %s" % (k, slow)
+        parts.append("slowest rank of step %d: %s" % (k, step.slowest_rank()))
+    if parts:
+        lines.append("; ".join(parts))
     return "\n".join(lines)

@@ -122,16 +122,19 @@ class Step:
         return union_length(intervals)
 
 
-def union_length(intervals):
-    total, end = 0.0, None
+def union(intervals):
+    """[(a, b)] merged into disjoint intervals, in order."""
+    out = []
     for a, b in sorted(intervals):
-        if end is None or a > end:
-            total += b - a
-            end = b
-        elif b > end:
-            total += b - end
-            end = b
-    return total
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def union_length(intervals):
+    return sum(b - a for a, b in union(intervals))
 
 
 class RecurringTensor:
