@@ -350,6 +350,69 @@ CFX_API cfx_status cfx_free(void *ptr);
  * there can take the direct path (e.g. to give an out-of-place result the same placement). */
 CFX_API int cfx_is_shared(const void *ptr, size_t bytes);
 
+
+/* ---- Gradient sets (since 1.1, version node CONFLUX_1.1) --------------------------------------
+ * A framework registers its gradients once and then, every step, only signals which are ready and
+ * waits for the averages (docs/c-api.md "Gradient sets", docs/architecture.md). Registration is
+ * collective and validated; buckets are planned identically on every rank; with owned storage
+ * (the default) each bucket is one contiguous block of shared tensor memory that the framework
+ * uses as its gradient buffers, so every step takes the direct path without copies. Per step the
+ * engine does O(buckets) work and allocates nothing. */
+typedef struct cfx_gradset cfx_gradset;
+
+#define CFX_GRADSET_OPTIONS_VERSION 1
+typedef struct cfx_gradset_options {
+    uint32_t version;         /* CFX_GRADSET_OPTIONS_VERSION */
+    int32_t op;               /* default CFX_OP_AVERAGE */
+    double prescale;          /* default 1.0: applied to each rank's gradients before the sum */
+    double postscale;         /* default 1.0: applied to the result (AVERAGE divides as well) */
+    int64_t bucket_bytes;     /* default 0: chosen by Conflux (CFX_GRADSET_BUCKET_BYTES) */
+    int32_t owned;            /* default 1: Conflux allocates every gradient in shared memory */
+    int32_t accumulate_steps; /* default 1: local passes summed before one reduction */
+    /* appended later, never reordered */
+} cfx_gradset_options;
+
+/* Fills `opts` with the defaults for the given struct version (CFX_ERR_VERSION if unknown). */
+CFX_API cfx_status cfx_gradset_options_init(cfx_gradset_options *opts, uint32_t version);
+
+/* Creates an empty gradient set on `ctx` (not collective). `name` identifies the set across ranks
+ * (every rank uses the same); opts NULL means the defaults. */
+CFX_API cfx_status cfx_gradset_create(cfx_context *ctx, const char *name,
+                                      const cfx_gradset_options *opts, cfx_gradset **out);
+
+/* Describes one gradient (name, dtype, shape, device). Owned sets: grad->data must be NULL (the
+ * storage comes from cfx_gradset_data after commit); borrowed sets (owned = 0): the caller's
+ * buffer, which must stay valid until cfx_gradset_free. *out gets the gradient's index in this
+ * rank's order of adds (the index ready and data take). Names are unique within a set. */
+CFX_API cfx_status cfx_gradset_add(cfx_gradset *set, const char *name, const cfx_tensor *grad,
+                                   int32_t *out);
+
+/* Collective over the context's ranks: checks that every rank added the same names with the same
+ * dtypes, shapes and kinds of device (in any order; a mismatch fails on every rank with
+ * CFX_ERR_MISMATCH naming the first differing gradient, the ranks and both values), plans the
+ * buckets identically everywhere and, for owned sets, allocates their storage (zeroed). */
+CFX_API cfx_status cfx_gradset_commit(cfx_gradset *set);
+
+/* Owned sets, after commit: the gradient's storage (its bucket's block, at the gradient's offset;
+ * the framework's gradient buffer). CFX_ERR_INVALID_ARGUMENT for a borrowed set. */
+CFX_API cfx_status cfx_gradset_data(cfx_gradset *set, int32_t index, void **out);
+
+/* The gradient `index` was produced for this pass. Any thread, any order; lock-free except for
+ * the call that completes a bucket, which wakes the background thread to send it. With
+ * accumulate_steps = k, the first k - 1 passes only count. CFX_ERR_INVALID_ARGUMENT when the
+ * gradient is marked more often than accumulate_steps times in one step. */
+CFX_API cfx_status cfx_gradset_ready(cfx_gradset *set, int32_t index);
+
+/* Ends the step: gradients never marked ready (unused parameters) are reduced as they are, and
+ * it returns once every bucket is reduced (the results are in place). timeout_s < 0 waits without
+ * limit; CFX_ERR_TIMEOUT (the step stays pending; call again) names the buckets still missing.
+ * Shutdown, a lost peer or a transport error fail it with their status and message. */
+CFX_API cfx_status cfx_gradset_wait(cfx_gradset *set, double timeout_s);
+
+/* Frees the set and its owned storage; NULL is a no-op. Call it on every rank; a step must not be
+ * pending. The set's slot in the protocol ends once every rank freed it. */
+CFX_API void cfx_gradset_free(cfx_gradset *set);
+
 #ifdef __cplusplus
 }
 #endif

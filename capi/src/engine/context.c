@@ -260,11 +260,13 @@ cfx_status cx_context_create(cx_transport *transport, const cx_config *cfg, cfx_
     cfx_status st = open_log(ctx);
     pthread_mutex_init(&ctx->tl_mu, NULL);
     pthread_cond_init(&ctx->tl_cv, NULL);
-    bool queue_ok = false, handles_ok = false;
+    bool queue_ok = false, handles_ok = false, gradsets_ok = false;
     if (!st && !(st = cx_queue_init(&ctx->queue)))
         queue_ok = true;
     if (!st && !(st = cx_handles_init(&ctx->handles)))
         handles_ok = true;
+    if (!st && !(st = cx_gradsets_init(&ctx->gradsets, &ctx->queue, &ctx->log, ctx->size)))
+        gradsets_ok = true;
     if (!st)
         st = agree_config(ctx);
     if (!st)
@@ -272,7 +274,8 @@ cfx_status cx_context_create(cx_transport *transport, const cx_config *cfg, cfx_
     if (!st)
         st = cx_loop_create(&(cx_loop_env){.cfg = &ctx->cfg, .log = &ctx->log,
                                             .transport = ctx->transport, .queue = &ctx->queue,
-                                            .handles = &ctx->handles, .running = &ctx->running,
+                                            .handles = &ctx->handles,
+                                            .gradsets = &ctx->gradsets, .running = &ctx->running,
                                             .shutdown_requested = &ctx->shutdown_requested,
                                             .timeline_change = &ctx->tl_change,
                                             .take_timeline = take_timeline, .owner = ctx},
@@ -314,6 +317,8 @@ cfx_status cx_context_create(cx_transport *transport, const cx_config *cfg, cfx_
             cx_queue_destroy(&ctx->queue);
         if (handles_ok)
             cx_handles_destroy(&ctx->handles);
+        if (gradsets_ok)
+            cx_gradsets_destroy(&ctx->gradsets);
         if (ctx->log.owns_fd)
             close(ctx->log.fd);
         transport->ops->destroy(transport);
@@ -350,6 +355,7 @@ void cx_context_free(cfx_context *ctx)
     cx_context_shutdown(ctx);
     cx_loop_destroy(ctx->loop);
     cx_shm_destroy(ctx->shm);
+    cx_gradsets_destroy(&ctx->gradsets);
     cx_queue_destroy(&ctx->queue);
     cx_handles_destroy(&ctx->handles);
     ctx->transport->ops->destroy(ctx->transport);

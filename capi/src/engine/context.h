@@ -14,6 +14,7 @@
 #include <stdbool.h>
 
 #include "base/config.h"
+#include "engine/gradset.h"
 #include "protocol/handles.h"
 #include "base/log.h"
 #include "protocol/queue.h"
@@ -27,6 +28,7 @@ struct cfx_context {
     cx_transport *transport;
     cx_queue queue;
     cx_handles handles;
+    cx_gradsets gradsets;          /* committed gradient sets (gradset.h) */
     cx_loop *loop;
     struct cx_shm *shm;            /* intra-node data path, or NULL */
     bool hierarchical;

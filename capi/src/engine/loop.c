@@ -9,6 +9,7 @@
 
 #include "protocol/cache.h"
 #include "exec/device_exec.h"
+#include "engine/gradset.h"
 #include "base/dtype.h"
 #include "base/error.h"
 #include "exec/execute.h"
@@ -24,6 +25,10 @@ enum {
     STATUS_UNCACHED = 1u << 1,
     STATUS_INVALID = 1u << 2,
     STATUS_JOINED = 1u << 3,
+    STATUS_GRADSET_READY = 1u << 4, /* some rank has a gradient-set bucket ready */
+    /* Not inverted: set = this rank has a committed gradient set waiting to attach, so the AND
+     * says whether every rank has one (gradset.h). */
+    STATUS_ATTACH_ALL = 1u << 5,
 };
 
 struct cx_loop {
@@ -356,6 +361,7 @@ static void fail_all(cx_loop *L, cfx_status status, const char *reason)
 {
     /* Not running from here on, before any waiter can see its handle fail. */
     atomic_store(L->env.running, 0);
+    cx_gradsets_fail(L->env.gradsets, status, reason);
     cx_entry *e = cx_queue_close(L->env.queue, reason);
     while (e) {
         cx_entry *next = e->next;
@@ -425,8 +431,11 @@ static cfx_status cycle(cx_loop *L, bool *progress, bool *stop)
     }
 
     size_t nbits = L->cache.nbits, words = words_for(nbits);
-    if ((st = ensure_vec(L, 1 + 2 * words)))
+    size_t gwords = cx_gradsets_words(env->gradsets), nvec = 1 + 2 * words + gwords;
+    if ((st = ensure_vec(L, nvec)))
         return st;
+    uint64_t *gbits = L->vec + 1 + 2 * words;
+    bool attach_mine = cx_gradsets_fill(env->gradsets, gbits, L->exec.joined, now);
     uint64_t status = ~0ull;
     if (atomic_load(env->shutdown_requested))
         status &= ~(uint64_t)STATUS_SHUTDOWN;
@@ -436,6 +445,10 @@ static cfx_status cycle(cx_loop *L, bool *progress, bool *stop)
         status &= ~(uint64_t)STATUS_INVALID;
     if (L->exec.joined)
         status &= ~(uint64_t)STATUS_JOINED;
+    if (!L->exec.joined && gwords && cx_gradsets_busy(env->gradsets))
+        status &= ~(uint64_t)STATUS_GRADSET_READY;
+    if (!attach_mine)
+        status &= ~(uint64_t)STATUS_ATTACH_ALL;
     uint64_t *hits = L->vec + 1, *invalid = L->vec + 1 + words;
     L->vec[0] = status;
     if (L->exec.joined) { /* a joined rank agrees to every cached tensor */
@@ -448,13 +461,15 @@ static cfx_status cycle(cx_loop *L, bool *progress, bool *stop)
     }
     for (size_t w = 0; w < words; w++)
         invalid[w] = ~L->invalid_mask[w];
-    if ((st = t->ops->allreduce_and(t, L->vec, 1 + 2 * words)))
+    if ((st = t->ops->allreduce_and(t, L->vec, nvec)))
         return st;
     status = L->vec[0];
     bool shutdown_any = !(status & STATUS_SHUTDOWN);
     bool uncached_any = !(status & STATUS_UNCACHED);
     bool invalid_any = !(status & STATUS_INVALID);
     bool joined_any = !(status & STATUS_JOINED);
+    bool gradset_ready_any = !(status & STATUS_GRADSET_READY);
+    bool attach_all = status & STATUS_ATTACH_ALL;
 
     if (invalid_any) {
         for (size_t b = 0; b < nbits; b++) {
@@ -489,6 +504,10 @@ static cfx_status cycle(cx_loop *L, bool *progress, bool *stop)
         if (L->tuner)
             autotune_sample(L, &responses);
     }
+    /* Gradient-set buckets every rank agreed on, after the responses (the same order everywhere). */
+    if (!st && (gwords || attach_all))
+        st = cx_gradsets_after(env->gradsets, gbits, gradset_ready_any, attach_all, &L->exec,
+                               progress);
     if (CX_TL(L->timeline) && *progress && cx_timeline_marks_cycles(L->timeline))
         cx_timeline_cycle(L->timeline, L->cycles++, now, cx_timeline_now());
     cx_response_list_free(&responses);
@@ -512,7 +531,7 @@ void *cx_loop_main(void *arg)
     while (!stop) {
         double cycle_s = env->cfg->cycle_time_ms * 1e-3; /* autotune may change it */
         if (!cx_queue_has_new(env->queue) && !atomic_load(env->shutdown_requested)) {
-            if (cx_queue_in_flight(env->queue) == 0)
+            if (cx_queue_in_flight(env->queue) == 0 && !cx_gradsets_busy(env->gradsets))
                 cx_queue_wait(env->queue, cycle_s);
             else if (idle_streak > 0) /* our tensors wait for other ranks: back off */
                 cx_queue_wait(env->queue, fmin(cycle_s, 1e-6 * (double)(1 << (idle_streak < 10 ? idle_streak : 10))));

@@ -35,6 +35,7 @@ typedef struct cx_loop_env {
     cx_transport *transport;
     cx_queue *queue;
     cx_handles *handles;
+    struct cx_gradsets *gradsets;  /* the context's gradient sets (gradset.h) */
     atomic_int *running;           /* cleared when the loop stops accepting work */
     atomic_int *shutdown_requested;
     /* Timeline hand-over: while *timeline_change is set, take_timeline(owner) returns the

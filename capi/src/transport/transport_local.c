@@ -29,6 +29,8 @@ struct cx_local_world {
 typedef struct local_transport {
     cx_transport base;
     cx_local_world *world;
+    void *acc;         /* allreduce's accumulator, kept and grown (no allocation per call) */
+    size_t acc_cap;
 } local_transport;
 
 cfx_status cx_local_world_create(int size, cx_local_world **out)
@@ -160,7 +162,14 @@ static cfx_status local_allreduce(cx_transport *t, void *buf, size_t count, cfx_
                                   cfx_reduce_op op)
 {
     size_t bytes = count * cfx_dtype_size(dtype);
-    void *acc = malloc(bytes ? bytes : 1);
+    local_transport *lt = (local_transport *)t;
+    if (lt->acc_cap < bytes || !lt->acc) {
+        free(lt->acc);
+        lt->acc_cap = bytes > 4096 ? bytes : 4096;
+        if (!(lt->acc = malloc(lt->acc_cap)))
+            lt->acc_cap = 0;
+    }
+    void *acc = lt->acc;
     local_slot *s = publish(t, (local_slot){.send = buf, .len = bytes});
     if (acc) {
         memcpy(acc, s[0].send, bytes);
@@ -171,7 +180,6 @@ static cfx_status local_allreduce(cx_transport *t, void *buf, size_t count, cfx_
     if (!acc)
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for a %zu-byte reduction", bytes);
     memcpy(buf, acc, bytes);
-    free(acc);
     return CFX_OK;
 }
 
@@ -254,6 +262,7 @@ static cfx_status local_barrier(cx_transport *t)
 
 static void local_destroy(cx_transport *t)
 {
+    free(((local_transport *)t)->acc);
     cx_local_world_release(world_of(t));
     free(t);
 }

@@ -1,0 +1,634 @@
+/*
+ * gradset (api) - the cfx_gradset_* entry points: options, registration, and the collective
+ * commit: every rank's registration is gathered (two allgathers on the context), checked against
+ * rank 0's on every rank alike (so a mismatch fails everywhere with the same message), and the
+ * buckets are planned from rank 0's order, so the plan is identical everywhere. The run-time half
+ * (step state, the loop's protocol) is engine/gradset.c.
+ *
+ * The bucket plan: gradients in reverse registration order (the order backward produces them),
+ * cut into buckets of one dtype and device of at most bucket_bytes (a larger gradient is a bucket
+ * of its own). Owned storage is one block of shared tensor memory; each bucket is a contiguous,
+ * 64-byte aligned range of it, and its gradients lie in it back to back (the framework's gradient
+ * buffers are views into it, so a bucket is reduced in place as one segment).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/dtype.h"
+#include "base/error.h"
+#include "base/strmap.h"
+#include "engine/context.h"
+#include "engine/gradset.h"
+#include "exec/shared_pool.h"
+#include "protocol/wire.h"
+
+/* Default bucket size: large enough for the data path's bandwidth, small enough that the first
+ * buckets go out while backward still runs. CFX_GRADSET_BUCKET_BYTES overrides it. */
+#define DEFAULT_BUCKET_BYTES (8ll << 20)
+#define NAME_MAX_BYTES 4096
+
+cfx_status cfx_gradset_options_init(cfx_gradset_options *opts, uint32_t version)
+{
+    if (!opts)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_gradset_options_init: opts is NULL");
+    if (version != CFX_GRADSET_OPTIONS_VERSION)
+        return cx_fail(CFX_ERR_VERSION, "cfx_gradset_options_init: options version %u is not "
+                       "known to this library (it knows %d)", version, CFX_GRADSET_OPTIONS_VERSION);
+    memset(opts, 0, sizeof *opts);
+    opts->version = version;
+    opts->op = CFX_OP_AVERAGE;
+    opts->prescale = opts->postscale = 1.0;
+    opts->bucket_bytes = 0;
+    opts->owned = 1;
+    opts->accumulate_steps = 1;
+    return CFX_OK;
+}
+
+static int64_t default_bucket_bytes(void)
+{
+    const char *v = getenv("CFX_GRADSET_BUCKET_BYTES");
+    if (v && *v) {
+        char *end;
+        long long n = strtoll(v, &end, 10);
+        if (*end == '\0' && n > 0)
+            return n;
+    }
+    return DEFAULT_BUCKET_BYTES;
+}
+
+static cfx_status check_options(const cfx_gradset_options *o)
+{
+    const char *fn = "cfx_gradset_create";
+    if (o->version != CFX_GRADSET_OPTIONS_VERSION)
+        return cx_fail(CFX_ERR_VERSION, "%s: options version %u is not known to this library "
+                       "(fill them with cfx_gradset_options_init)", fn, o->version);
+    if (!cx_op_valid(o->op))
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: op %d is not a cfx_reduce_op", fn, o->op);
+    if (!isfinite(o->prescale) || !isfinite(o->postscale))
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: prescale %g and postscale %g must be finite",
+                       fn, o->prescale, o->postscale);
+    if (o->bucket_bytes < 0)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: bucket_bytes %lld is negative (0: chosen by "
+                       "Conflux)", fn, (long long)o->bucket_bytes);
+    if (o->owned != 0 && o->owned != 1)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: owned is %d (0 or 1)", fn, o->owned);
+    if (o->accumulate_steps < 1)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: accumulate_steps %d must be at least 1", fn,
+                       o->accumulate_steps);
+    return CFX_OK;
+}
+
+cfx_status cfx_gradset_create(cfx_context *ctx, const char *name, const cfx_gradset_options *opts,
+                              cfx_gradset **out)
+{
+    if (!ctx)
+        return cx_fail(CFX_ERR_NOT_INITIALIZED, "cfx_gradset_create: context is NULL");
+    if (!out || !name || !*name || strlen(name) > NAME_MAX_BYTES)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_gradset_create: %s",
+                       !out ? "out is NULL" : "name must be a non-empty string of at most 4096 bytes");
+    *out = NULL;
+    cfx_gradset_options defaults;
+    cfx_gradset_options_init(&defaults, CFX_GRADSET_OPTIONS_VERSION);
+    const cfx_gradset_options *o = opts ? opts : &defaults;
+    cfx_status st = check_options(o);
+    if (st)
+        return st;
+    if (!atomic_load(&ctx->running))
+        return cx_fail(CFX_ERR_SHUT_DOWN, "cfx_gradset_create: the context has been shut down");
+    cfx_gradset *s = calloc(1, sizeof *s);
+    if (!s || !(s->name = strdup(name))) {
+        free(s);
+        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for gradient set '%s'", name);
+    }
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->done_cv, &attr);
+    pthread_condattr_destroy(&attr);
+    s->ctx = ctx;
+    s->op = o->op;
+    s->prescale = o->prescale;
+    s->postscale = o->postscale;
+    s->bucket_bytes = o->bucket_bytes ? o->bucket_bytes : default_bucket_bytes();
+    s->owned = o->owned;
+    s->accumulate_steps = o->accumulate_steps;
+    *out = s;
+    return CFX_OK;
+}
+
+static cfx_status check_set(const char *fn, cfx_gradset *set, bool want_committed)
+{
+    if (!set)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: set is NULL", fn);
+    if (!set->ctx)
+        return cx_fail(CFX_ERR_SHUT_DOWN, "%s: gradient set '%s': its context was freed", fn,
+                       set->name);
+    if (set->committed != want_committed)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: gradient set '%s' is %s", fn, set->name,
+                       set->committed ? "already committed (add gradients before cfx_gradset_commit)"
+                                      : "not committed yet (call cfx_gradset_commit first)");
+    return CFX_OK;
+}
+
+cfx_status cfx_gradset_add(cfx_gradset *set, const char *name, const cfx_tensor *grad,
+                           int32_t *out)
+{
+    const char *fn = "cfx_gradset_add";
+    cfx_status st = check_set(fn, set, false);
+    if (st)
+        return st;
+    if (!name || !*name || strlen(name) > NAME_MAX_BYTES || !grad || !out)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: set '%s': %s", fn, set->name,
+                       !grad ? "grad is NULL" : !out ? "out is NULL"
+                       : "the gradient's name must be a non-empty string of at most 4096 bytes");
+    if (!cx_dtype_valid(grad->dtype))
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: gradient '%s': dtype %d is not a cfx_dtype",
+                       fn, name, grad->dtype);
+    if (grad->ndim < 0 || grad->ndim > CFX_MAX_NDIM || (grad->ndim && !grad->shape))
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: gradient '%s': ndim %d (0 .. %d, shape "
+                       "non-NULL)", fn, name, grad->ndim, CFX_MAX_NDIM);
+    int64_t elements = 1;
+    for (int32_t d = 0; d < grad->ndim; d++) {
+        if (grad->shape[d] < 0 || (grad->shape[d] && elements > INT64_MAX / grad->shape[d]))
+            return cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: gradient '%s': extent %lld of dimension "
+                           "%d", fn, name, (long long)grad->shape[d], d);
+        elements *= grad->shape[d];
+    }
+    if (grad->device < CFX_DEVICE_CPU)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: gradient '%s': device %d", fn, name,
+                       grad->device);
+    if (set->owned && grad->device != CFX_DEVICE_CPU)
+        return cx_fail(CFX_ERR_UNSUPPORTED, "%s: gradient '%s' is on CUDA device %d: owned storage "
+                       "is host memory; register device gradients in a set with owned = 0", fn,
+                       name, grad->device);
+    if (set->owned && grad->data)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: gradient '%s': data must be NULL in an owned "
+                       "set (its storage comes from cfx_gradset_data)", fn, name);
+    if (!set->owned && !grad->data && elements)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: gradient '%s': data is NULL in a borrowed "
+                       "set", fn, name);
+    for (int32_t i = 0; i < set->ngrads; i++)
+        if (strcmp(set->grads[i].name, name) == 0)
+            return cx_fail(CFX_ERR_DUPLICATE_NAME, "%s: set '%s' already has a gradient '%s'", fn,
+                           set->name, name);
+    if (set->ngrads == set->cap_grads) {
+        int32_t cap = set->cap_grads ? 2 * set->cap_grads : 64;
+        cx_grad *g = realloc(set->grads, (size_t)cap * sizeof *g);
+        if (!g)
+            return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory adding gradient '%s'", name);
+        set->grads = g;
+        set->cap_grads = cap;
+    }
+    cx_grad *g = &set->grads[set->ngrads];
+    memset(g, 0, sizeof *g);
+    if (!(g->name = strdup(name)))
+        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory adding gradient '%s'", name);
+    g->dtype = grad->dtype;
+    g->device = grad->device;
+    g->ndim = grad->ndim;
+    if (grad->ndim)
+        memcpy(g->shape, grad->shape, sizeof(int64_t) * (size_t)grad->ndim);
+    g->elements = (size_t)elements;
+    g->bytes = (size_t)elements * cfx_dtype_size((cfx_dtype)grad->dtype);
+    g->data = grad->data;
+    *out = set->ngrads++;
+    return CFX_OK;
+}
+
+/* ---- the registration on the wire ------------------------------------------------------------
+ * u32 count, then per gradient: u32 name length, name bytes, i32 dtype, i32 device kind
+ * (-1 CPU, 0 CUDA: ordinals may differ between ranks), i32 ndim, ndim x i64 extents. */
+
+typedef struct reg_writer {
+    uint8_t *buf;
+    size_t len;
+} reg_writer;
+
+static void put(reg_writer *w, const void *p, size_t n)
+{
+    if (w->buf)
+        memcpy(w->buf + w->len, p, n);
+    w->len += n;
+}
+
+static void encode_registration(const cfx_gradset *s, reg_writer *w)
+{
+    uint32_t count = (uint32_t)s->ngrads;
+    put(w, &count, 4);
+    for (int32_t i = 0; i < s->ngrads; i++) {
+        const cx_grad *g = &s->grads[i];
+        uint32_t len = (uint32_t)strlen(g->name);
+        int32_t kind = g->device == CFX_DEVICE_CPU ? CFX_DEVICE_CPU : 0;
+        put(w, &len, 4);
+        put(w, g->name, len);
+        put(w, &g->dtype, 4);
+        put(w, &kind, 4);
+        put(w, &g->ndim, 4);
+        put(w, g->shape, 8 * (size_t)g->ndim);
+    }
+}
+
+/* One rank's registration, decoded (names point into the gathered bytes, not terminated). */
+typedef struct reg_grad {
+    const char *name;
+    uint32_t name_len;
+    int32_t dtype, device, ndim;
+    int64_t shape[CFX_MAX_NDIM];
+} reg_grad;
+
+typedef struct reg_reader {
+    const uint8_t *p, *end;
+} reg_reader;
+
+static bool take(reg_reader *r, void *out, size_t n)
+{
+    if ((size_t)(r->end - r->p) < n)
+        return false;
+    memcpy(out, r->p, n);
+    r->p += n;
+    return true;
+}
+
+/* Decodes rank `rank`'s bytes into *out (malloc'ed, *count entries); false when malformed. */
+static bool decode_registration(const uint8_t *bytes, size_t len, reg_grad **out, uint32_t *count)
+{
+    reg_reader r = {bytes, bytes + len};
+    *out = NULL;
+    if (!take(&r, count, 4) || *count > len / 16)
+        return false;
+    reg_grad *g = calloc(*count ? *count : 1, sizeof *g);
+    if (!g)
+        return false;
+    for (uint32_t i = 0; i < *count; i++) {
+        if (!take(&r, &g[i].name_len, 4) || (size_t)(r.end - r.p) < g[i].name_len)
+            goto bad;
+        g[i].name = (const char *)r.p;
+        r.p += g[i].name_len;
+        if (!take(&r, &g[i].dtype, 4) || !take(&r, &g[i].device, 4) || !take(&r, &g[i].ndim, 4) ||
+            g[i].ndim < 0 || g[i].ndim > CFX_MAX_NDIM ||
+            !take(&r, g[i].shape, 8 * (size_t)g[i].ndim))
+            goto bad;
+    }
+    if (r.p != r.end)
+        goto bad;
+    *out = g;
+    return true;
+bad:
+    free(g);
+    return false;
+}
+
+static void describe(const reg_grad *g, char *buf, size_t size)
+{
+    size_t used = (size_t)snprintf(buf, size, "%s%s [", cfx_dtype_name((cfx_dtype)g->dtype),
+                                   g->device == CFX_DEVICE_CPU ? "" : " (CUDA)");
+    for (int32_t d = 0; d < g->ndim && used < size; d++)
+        used += (size_t)snprintf(buf + used, size - used, "%s%lld", d ? ", " : "",
+                                 (long long)g->shape[d]);
+    if (used < size)
+        snprintf(buf + used, size - used, "]");
+}
+
+static bool same_grad(const reg_grad *a, const reg_grad *b)
+{
+    return a->dtype == b->dtype && a->device == b->device && a->ndim == b->ndim &&
+           memcmp(a->shape, b->shape, sizeof(int64_t) * (size_t)a->ndim) == 0;
+}
+
+/* Finds `name` in regs (linear is fine for the error path only; the hot lookups use maps). */
+static const reg_grad *find_reg(const reg_grad *regs, uint32_t n, const char *name, uint32_t len)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (regs[i].name_len == len && memcmp(regs[i].name, name, len) == 0)
+            return &regs[i];
+    return NULL;
+}
+
+/* Checks every rank's registration against rank 0's; the same verdict on every rank. */
+static cfx_status validate(const char *set, reg_grad *const *regs, const uint32_t *counts,
+                           int size)
+{
+    cx_strmap index;
+    for (int r = 1; r < size; r++) {
+        cx_strmap_init(&index);
+        char key[NAME_MAX_BYTES + 1];
+        for (uint32_t i = 0; i < counts[r]; i++) {
+            memcpy(key, regs[r][i].name, regs[r][i].name_len);
+            key[regs[r][i].name_len] = '\0';
+            if (!cx_strmap_put(&index, key, &regs[r][i])) {
+                cx_strmap_destroy(&index);
+                return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory checking gradient set '%s'",
+                               set);
+            }
+        }
+        for (uint32_t i = 0; i < counts[0]; i++) {
+            const reg_grad *a = &regs[0][i];
+            memcpy(key, a->name, a->name_len);
+            key[a->name_len] = '\0';
+            const reg_grad *b = cx_strmap_get(&index, key);
+            if (!b || !same_grad(a, b)) {
+                char da[160], db[160];
+                describe(a, da, sizeof da);
+                if (b)
+                    describe(b, db, sizeof db);
+                cx_strmap_destroy(&index);
+                if (!b)
+                    return cx_fail(CFX_ERR_MISMATCH, "cfx_gradset_commit: gradient set '%s': "
+                                   "gradient '%s' (%s) is registered on rank 0 but not on rank %d",
+                                   set, key, da, r);
+                return cx_fail(CFX_ERR_MISMATCH, "cfx_gradset_commit: gradient set '%s': gradient "
+                               "'%s' is %s on rank 0 but %s on rank %d", set, key, da, db, r);
+            }
+        }
+        cx_strmap_destroy(&index);
+        if (counts[r] != counts[0]) { /* every name of rank 0 was found: rank r has more */
+            for (uint32_t i = 0; i < counts[r]; i++) {
+                const reg_grad *b = &regs[r][i];
+                if (!find_reg(regs[0], counts[0], b->name, b->name_len)) {
+                    memcpy(key, b->name, b->name_len);
+                    key[b->name_len] = '\0';
+                    return cx_fail(CFX_ERR_MISMATCH, "cfx_gradset_commit: gradient set '%s': "
+                                   "rank %d registered gradient '%s', which rank 0 did not (%u "
+                                   "gradients on rank 0, %u on rank %d)", set, r, key, counts[0],
+                                   counts[r], r);
+                }
+            }
+        }
+    }
+    return CFX_OK;
+}
+
+/* Gathers every rank's bytes: *all (malloc'ed) holds them back to back, lens[r] each one's. */
+static cfx_status gather_registrations(cfx_gradset *s, const void *mine, size_t len, void **all,
+                                       int64_t *lens)
+{
+    cfx_context *ctx = s->ctx;
+    int size = ctx->size;
+    char name[NAME_MAX_BYTES + 64];
+    int64_t my_len = (int64_t)len;
+    int64_t one = 1, n = (int64_t)len;
+    cfx_tensor t_len = {&my_len, &one, 1, CFX_INT64, CFX_DEVICE_CPU, NULL};
+    cfx_handle h = 0;
+    snprintf(name, sizeof name, "cfx.gradset.%s.commit.sizes", s->name);
+    cfx_status st = cfx_allgather_async(ctx, name, &t_len, &h);
+    if (!st)
+        st = cfx_wait(ctx, h, -1.0);
+    if (!st)
+        st = cfx_handle_output_copy(ctx, h, 0, lens, sizeof(int64_t) * (size_t)size);
+    if (h)
+        cfx_handle_release(ctx, h);
+    if (st)
+        return st;
+    size_t total = 0;
+    for (int r = 0; r < size; r++)
+        total += (size_t)lens[r];
+    if (!(*all = malloc(total ? total : 1)))
+        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory gathering gradient set '%s'", s->name);
+    cfx_tensor t_bytes = {(void *)mine, &n, 1, CFX_UINT8, CFX_DEVICE_CPU, NULL};
+    h = 0;
+    snprintf(name, sizeof name, "cfx.gradset.%s.commit.names", s->name);
+    st = cfx_allgather_async(ctx, name, &t_bytes, &h);
+    if (!st)
+        st = cfx_wait(ctx, h, -1.0);
+    if (!st)
+        st = cfx_handle_output_copy(ctx, h, 0, *all, total);
+    if (h)
+        cfx_handle_release(ctx, h);
+    if (st) {
+        free(*all);
+        *all = NULL;
+    }
+    return st;
+}
+
+/* Plans buckets from rank 0's order (reversed) and fills the set's items and entries. */
+static cfx_status plan(cfx_gradset *s, const reg_grad *order, uint32_t count)
+{
+    cx_strmap local;
+    cx_strmap_init(&local);
+    for (int32_t i = 0; i < s->ngrads; i++)
+        if (!cx_strmap_put(&local, s->grads[i].name, &s->grads[i])) {
+            cx_strmap_destroy(&local);
+            return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory planning '%s'", s->name);
+        }
+    /* Canonical order: rank 0's, reversed. canon[k] = this rank's gradient. */
+    cx_grad **canon = malloc((count ? count : 1) * sizeof *canon);
+    s->buckets = calloc(count ? count : 1, sizeof *s->buckets);
+    if (!canon || !s->buckets) {
+        free(canon);
+        cx_strmap_destroy(&local);
+        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory planning '%s'", s->name);
+    }
+    char key[NAME_MAX_BYTES + 1];
+    for (uint32_t k = 0; k < count; k++) {
+        const reg_grad *r = &order[count - 1 - k];
+        memcpy(key, r->name, r->name_len);
+        key[r->name_len] = '\0';
+        canon[k] = cx_strmap_get(&local, key); /* validated: present */
+    }
+    cx_strmap_destroy(&local);
+    /* Cut into buckets. */
+    int32_t nb = 0;
+    size_t bytes = 0;
+    for (uint32_t k = 0; k < count; k++) {
+        cx_grad *g = canon[k];
+        cx_bucket *cur = nb ? &s->buckets[nb - 1] : NULL;
+        bool fits = cur && cur->dtype == g->dtype && cur->device == g->device &&
+                    bytes + g->bytes <= (size_t)s->bucket_bytes;
+        if (!fits) {
+            cur = &s->buckets[nb++];
+            cur->dtype = g->dtype;
+            cur->device = g->device;
+            bytes = 0;
+        }
+        g->bucket = nb - 1;
+        g->offset = bytes;
+        bytes += g->bytes;
+        cur->elements += g->elements;
+        cur->bytes = bytes;
+        cur->ngrads++;
+    }
+    s->nbuckets = nb;
+    /* Items: owned, one per bucket (its block is one segment); borrowed, one per gradient. */
+    s->nitems = s->owned ? (size_t)nb : count;
+    size_t ni = s->nitems ? s->nitems : 1;
+    s->items = calloc(ni, sizeof *s->items);
+    s->entries = calloc(ni, sizeof *s->entries);
+    s->entry_ptrs = calloc(ni, sizeof *s->entry_ptrs);
+    s->no_entries = calloc(ni, sizeof *s->no_entries);
+    size_t name_len = strlen(s->name) + 24;
+    s->item_names = calloc((size_t)(nb ? nb : 1), name_len);
+    if (!s->items || !s->entries || !s->entry_ptrs || !s->no_entries || !s->item_names) {
+        free(canon);
+        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory planning '%s'", s->name);
+    }
+    /* Owned storage: one block, each bucket 64-byte aligned. */
+    size_t total = 0;
+    for (int32_t b = 0; b < nb; b++)
+        total += (s->buckets[b].bytes + 63) & ~(size_t)63;
+    cfx_status st = CFX_OK;
+    if (s->owned && (st = cx_pool_alloc(total, &s->storage))) {
+        free(canon);
+        return st;
+    }
+    if (s->owned && total)
+        memset(s->storage, 0, total);
+    size_t at = 0, item = 0;
+    uint32_t k = 0;
+    for (int32_t b = 0; b < nb; b++) {
+        cx_bucket *bk = &s->buckets[b];
+        char *bname = s->item_names + (size_t)b * name_len;
+        snprintf(bname, name_len, "%s.bucket%d", s->name, b);
+        bk->first_item = item;
+        if (s->owned) {
+            bk->data = (char *)s->storage + at;
+            at += (bk->bytes + 63) & ~(size_t)63;
+        }
+        for (int32_t j = 0; j < bk->ngrads; j++, k++) {
+            cx_grad *g = canon[k];
+            if (s->owned)
+                g->data = (char *)bk->data + g->offset;
+            if (!s->owned) { /* one item per gradient: its own memory */
+                cx_response *it = &s->items[item];
+                it->name = bname;
+                it->coll = CX_ALLREDUCE;
+                it->dtype = (uint8_t)g->dtype;
+                it->op = (uint8_t)s->op;
+                it->device = g->device;
+                it->ndim = 1;
+                it->shape[0] = (int64_t)g->elements;
+                it->prescale = s->prescale;
+                it->postscale = s->postscale;
+                s->entries[item].input = s->entries[item].output = g->data;
+                s->entries[item].bytes = g->bytes;
+                item++;
+            }
+        }
+        if (s->owned) {
+            cx_response *it = &s->items[item];
+            it->name = bname;
+            it->coll = CX_ALLREDUCE;
+            it->dtype = (uint8_t)bk->dtype;
+            it->op = (uint8_t)s->op;
+            it->device = bk->device;
+            it->ndim = 1;
+            it->shape[0] = (int64_t)bk->elements;
+            it->prescale = s->prescale;
+            it->postscale = s->postscale;
+            s->entries[item].input = s->entries[item].output = bk->data;
+            s->entries[item].bytes = bk->bytes;
+            item++;
+        }
+        bk->nitems = item - bk->first_item;
+    }
+    for (size_t i = 0; i < s->nitems; i++) {
+        s->entries[i].req.name = s->items[i].name;
+        s->entries[i].req.dtype = s->items[i].dtype;
+        s->entries[i].req.device = s->items[i].device;
+        s->entries[i].req.ndim = 1;
+        s->entries[i].req.shape[0] = s->items[i].shape[0];
+        s->entry_ptrs[i] = &s->entries[i];
+    }
+    free(canon);
+    return CFX_OK;
+}
+
+cfx_status cfx_gradset_commit(cfx_gradset *set)
+{
+    cfx_status st = check_set("cfx_gradset_commit", set, false);
+    if (st)
+        return st;
+    int size = set->ctx->size;
+    reg_writer w = {NULL, 0};
+    encode_registration(set, &w); /* measure */
+    if (!(w.buf = malloc(w.len)))
+        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for gradient set '%s'", set->name);
+    size_t len = w.len;
+    w.len = 0;
+    encode_registration(set, &w);
+    int64_t *lens = calloc((size_t)size, sizeof *lens);
+    uint32_t *counts = calloc((size_t)size, sizeof *counts);
+    reg_grad **regs = calloc((size_t)size, sizeof *regs);
+    void *all = NULL;
+    if (!lens || !counts || !regs)
+        st = cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for gradient set '%s'", set->name);
+    if (!st)
+        st = gather_registrations(set, w.buf, len, &all, lens);
+    size_t off = 0;
+    for (int r = 0; r < size && !st; r++) {
+        if (lens[r] < 0 || !decode_registration((const uint8_t *)all + off, (size_t)lens[r],
+                                                &regs[r], &counts[r]))
+            st = cx_fail(CFX_ERR_TRANSPORT, "cfx_gradset_commit: gradient set '%s': rank %d sent "
+                         "a malformed registration (%lld bytes)", set->name, r, (long long)lens[r]);
+        off += (size_t)lens[r];
+    }
+    if (!st)
+        st = validate(set->name, regs, counts, size);
+    if (!st)
+        st = plan(set, regs[0], counts[0]);
+    if (!st) {
+        set->committed = true;
+        cx_gradset_reset_step(set);
+        st = cx_gradsets_attach(&set->ctx->gradsets, set);
+        if (st)
+            set->committed = false;
+    }
+    char msg[CX_ERROR_MAX];
+    if (st)
+        snprintf(msg, sizeof msg, "%s", cx_error_message());
+    for (int r = 0; regs && r < size; r++)
+        free(regs[r]);
+    free(regs);
+    free(counts);
+    free(lens);
+    free(all);
+    free(w.buf);
+    return st ? cx_fail(st, "%s", msg) : CFX_OK;
+}
+
+cfx_status cfx_gradset_data(cfx_gradset *set, int32_t index, void **out)
+{
+    cfx_status st = check_set("cfx_gradset_data", set, true);
+    if (st)
+        return st;
+    if (!out || index < 0 || index >= set->ngrads)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_gradset_data: set '%s': %s", set->name,
+                       !out ? "out is NULL" : "index out of range");
+    if (!set->owned)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_gradset_data: set '%s' is borrowed (owned = "
+                       "0): its gradients are the caller's buffers", set->name);
+    *out = set->grads[index].data;
+    return CFX_OK;
+}
+
+cfx_status cfx_gradset_ready(cfx_gradset *set, int32_t index)
+{
+    if (!set || !set->committed || !set->ctx || index < 0 || index >= set->ngrads) {
+        cfx_status st = check_set("cfx_gradset_ready", set, true);
+        return st ? st : cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_gradset_ready: set '%s': index %d "
+                                 "out of range (%d gradients)", set->name, index, set->ngrads);
+    }
+    if (atomic_load_explicit(&set->failed, memory_order_relaxed))
+        return cx_fail(set->fail_status, "%s", set->fail_message);
+    return cx_gradset_ready(set, index);
+}
+
+cfx_status cfx_gradset_wait(cfx_gradset *set, double timeout_s)
+{
+    cfx_status st = check_set("cfx_gradset_wait", set, true);
+    if (st)
+        return st;
+    if (isnan(timeout_s))
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_gradset_wait: timeout is NaN");
+    return cx_gradset_wait(set, timeout_s);
+}
+
+void cfx_gradset_free(cfx_gradset *set)
+{
+    if (!set)
+        return;
+    cx_gradsets_release(set->registry, set);
+}
