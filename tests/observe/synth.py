@@ -66,6 +66,31 @@ class Job:
             ends[r] = self.busy[r] = e + UNPACK_US
         return ends
 
+    def cycle(self, t, batches, coll_us):
+        """Every rank submits every tensor of `batches` (lists of names) at t; one cycle negotiates
+        them all, then the batches run one after the other, each starting on every rank once every
+        rank has finished the one before (as on the shared-memory path); coll_us[b][rank] is batch
+        b's collective on that rank. Returns the end."""
+        ranks = range(self.nranks)
+        neg_end = max(max(t, self.busy[r]) for r in ranks) + QUEUE_US + NEGOTIATE_US
+        start = neg_end
+        for b, names in enumerate(batches):
+            ends = {}
+            for r in ranks:
+                e = start + PACK_US + coll_us[b][r]
+                for name in names:
+                    index = self.count.get((r, name), 0)
+                    self.count[(r, name)] = index + 1
+                    self._slice(r, name, index, "queued", "QUEUED", t, t + QUEUE_US)
+                    self._slice(r, name, index, "negotiate", "NEGOTIATE", t + QUEUE_US, neg_end)
+                    self._slice(r, name, index, "pack", "PACK", start, start + PACK_US)
+                    self._slice(r, name, index, "collective", "ALLREDUCE", start + PACK_US, e,
+                                {"bytes": 1024 * len(names), "fused": len(names)})
+                    self._slice(r, name, index, "unpack", "UNPACK", e, e + UNPACK_US)
+                ends[r] = self.busy[r] = e + UNPACK_US
+            start = max(ends.values())
+        return start
+
     def step(self, t, grads, ranks=None, offset_us=None, dt=100.0, stall=None, skip=None,
              coll_us=None):
         """One training step from time t: every rank in `ranks` submits `grads` in order (rank r

@@ -221,6 +221,34 @@ class StepFinder(unittest.TestCase):
         g2 = an.steps.step(3).occ[0]["g2"].slices["queued"]
         self.assertGreater(g2.t1 - g2.t0, 4000.0)
 
+    def test_critical_path_follows_the_slower_rank(self):
+        # batches of one cycle, the next starting on every rank once the slowest is done (rank 0
+        # ends the first batch 400 µs after rank 1; rank 1 has no slice of its own meanwhile)
+        job = synth.Job(2)
+        t = 0.0
+        for k in range(5):
+            t = job.cycle(t, [["g3", "g2"], ["g1", "g0"]],
+                          coll_us=[{0: 3000.0, 1: 2600.0}, {0: 500.0, 1: 520.0}]) + 300.0
+        an = analysis(job)
+        path = an.path(2)
+        self.assertEqual((path[-1].rank, path[-1].kind), (1, "unpack"))  # rank 1 ends the step
+        self.assertIn((0, "collective"), [(p.rank, p.kind) for p in path if p.length > 2000.0])
+        self.assertEqual([p for p in path if p.kind in ("gap", "outside") and p.length > 100.0],
+                         [])
+        # a tensor taken from the queue late on one rank: the others' negotiation waits for it
+        job = synth.Job(2)
+        t = 0.0
+        for k in range(5):
+            job.busy[1] = t + 1500.0  # rank 1's thread busy (a batch of another job) till then
+            t = job.step(t, ("g0",)) + 300.0
+        an = analysis(job)
+        path = an.path(2)
+        # g0 waited in rank 1's queue, then the negotiation, then the data path
+        self.assertEqual([(p.rank, p.kind) for p in path[-5:]],
+                         [(1, "queued"), (0, "negotiate"), (0, "pack"), (0, "collective"),
+                          (0, "unpack")])
+        self.assertGreater(path[-5].length, 1400.0)
+
     def test_summary_text(self):
         job = synth.training(nranks=2, steps=16, metrics_every=4)
         s = cfx.analyze(job.all_events())

@@ -8,8 +8,9 @@ t on rank r the path takes what r was doing that t waited for:
 - else a negotiation that ended at t: the batch could start only once every rank had submitted
   the tensor, and once r's background thread was free to run the negotiating cycle. If r's thread
   ran a batch during the negotiation, the wait is the time after that batch, and the path goes on
-  into the batch; if another rank submitted the tensor after that (and after r had: r waited for
-  it), the path moves to the rank that submitted last and goes on with its negotiation;
+  into the batch; if another rank's request for the tensor came after that (its thread took the
+  tensor from its queue later: it submitted late, or its thread was busy), the negotiation proper
+  ran from that request on, and before it the path moves to that rank, at its request;
 - else a QUEUED slice that ended at t (the tensor waited for the background thread): as for a
   negotiation, the part after a batch the thread ran meanwhile, then that batch;
 - else nothing of r's ended at t. If r had a tensor in flight then (submitted, not done: it waits
@@ -57,14 +58,9 @@ def critical_path(tl, step, eps=EPS_US):
     rank = max(step.occ, key=lambda r: (step.rank_span[r][1], -r))
     t = step.end
     segs = []
-    forced = None  # the last submitter's negotiation, after a move to its rank
     for _ in range(100000):  # bounded: every turn moves t back
         if t <= step.start + 1e-9:
             break
-        if forced is not None:
-            t = _wait(segs, window[rank], forced, t, eps)
-            forced = None
-            continue
         here = [s for s in window[rank] if s.t0 < t and s.t1 >= t - eps]
         data = [s for s in here if s.phase in DATA_PHASES]
         if data:
@@ -75,11 +71,13 @@ def critical_path(tl, step, eps=EPS_US):
         neg = [s for s in here if s.phase == "negotiate" and s.t1 <= t + eps]
         if neg:
             s = min(neg, key=lambda x: x.t0)
-            gate = _last_submitter(tl, neg, rank, t, window)
+            gate = _last_arrival(tl, neg, rank, t, window)
             busy = _busy_until(window[rank], s.t0, t, eps)
             if gate is not None and gate.rank != rank and \
-                    gate.occ.submit > max(s.t0, busy if busy is not None else s.t0):
-                rank, forced = gate.rank, gate  # `rank` waited for gate.rank to submit
+                    gate.t0 > max(s.t0, busy if busy is not None else s.t0) + eps:
+                # `rank` waited for gate.rank's request: the negotiation proper ran from then
+                segs.append(Segment(rank, gate.t0, t, "negotiate", s.tensor))
+                rank, t = gate.rank, gate.t0
                 continue
             t = _wait(segs, window[rank], s, t, eps)
             continue
@@ -125,22 +123,21 @@ def _wait(segs, slices, s, t, eps):
     return a
 
 
-def _last_submitter(tl, negs, rank, t, window):
-    """Of the tensors whose negotiation on `rank` ended at t, the one some rank submitted last:
-    that rank's NEGOTIATE slice of it (on `rank` itself on a tie)."""
-    best = None  # (submit time, slice on the submitting rank)
+def _last_arrival(tl, negs, rank, t, window):
+    """Of the tensors whose negotiation on `rank` ended at t, the one whose request some rank sent
+    last (its NEGOTIATE began last: the rank's thread took it from the queue then): that rank's
+    NEGOTIATE slice of it (on `rank` itself on a tie)."""
+    best = None
     for s in negs:
         o = s.occ
         for r in window:
             peer = o if r == rank else tl.occ(r, o.tensor, o.index)
-            if peer is None:
-                continue
-            ps = peer.slices.get("negotiate")
+            ps = peer.slices.get("negotiate") if peer is not None else None
             if ps is None or ps.t0 >= t:
                 continue
-            if best is None or peer.submit > best[0] or (peer.submit == best[0] and r == rank):
-                best = (peer.submit, ps)
-    return best[1] if best else None
+            if best is None or ps.t0 > best.t0 or (ps.t0 == best.t0 and r == rank):
+                best = ps
+    return best
 
 
 def _merge(segs):
