@@ -12,6 +12,8 @@
 #include "exec/shm.h"
 #include "observe/timeline.h"
 
+static void parse_fail_test(cx_exec *x);
+
 void cx_exec_init(cx_exec *x, cx_transport *t, const cx_config *cfg, cx_queue *q, cx_handles *h,
                   const cx_logger *log)
 {
@@ -21,6 +23,140 @@ void cx_exec_init(cx_exec *x, cx_transport *t, const cx_config *cfg, cx_queue *q
     x->queue = q;
     x->handles = h;
     x->log = log;
+    parse_fail_test(x);
+}
+
+/* ---- failure agreement (execute.h) ------------------------------------------------------------ */
+
+/* CFX_TEST_FAIL=RANKS:PREFIX[:done] (tests only): the ranks RANKS (comma-separated, 0..63) fail
+ * every batch whose first tensor name starts with PREFIX, at its ready agreement, or with ":done"
+ * at the done agreement of the device paths. */
+static void parse_fail_test(cx_exec *x)
+{
+    const char *v = getenv("CFX_TEST_FAIL");
+    if (!v || !*v)
+        return;
+    struct cx_fail_test f = {0, CX_AGREE_READY, ""};
+    const char *p = v;
+    char *end = NULL;
+    for (;;) {
+        long r = strtol(p, &end, 10);
+        if (end == p || r < 0 || r > 63)
+            goto bad;
+        f.ranks |= 1ull << r;
+        p = end;
+        if (*p != ',')
+            break;
+        p++;
+    }
+    if (*p++ != ':')
+        goto bad;
+    const char *colon = strchr(p, ':');
+    size_t len = colon ? (size_t)(colon - p) : strlen(p);
+    if (len == 0 || len >= sizeof f.prefix || (colon && strcmp(colon + 1, "done") != 0))
+        goto bad;
+    memcpy(f.prefix, p, len);
+    f.phase = colon ? CX_AGREE_DONE : CX_AGREE_READY;
+    x->fail_test = f;
+    return;
+bad:
+    cx_log(x->log, CX_LOG_ERROR, "execute", "CFX_TEST_FAIL=%s: expected RANKS:PREFIX[:done] "
+           "(ranks 0..63, comma-separated); ignored", v);
+}
+
+static bool injected(const cx_exec *x, cx_agree_phase phase, const char *name)
+{
+    const struct cx_fail_test *f = &x->fail_test;
+    int r = x->transport->rank;
+    return f->prefix[0] && f->phase == (int)phase && r < 64 && ((f->ranks >> r) & 1) && name &&
+           strncmp(name, f->prefix, strlen(f->prefix)) == 0;
+}
+
+/* What the lowest failing rank tells the others (fixed size: no allocation on any rank). */
+typedef struct agree_reason {
+    int32_t status;
+    char message[1020];
+} agree_reason;
+
+/* " (ranks 1, 2 and 5 failed; rank 1's reason)" when more than one rank failed, else "". */
+static void list_failed(const uint64_t *ok, int size, int nfailed, char *out, size_t len)
+{
+    out[0] = '\0';
+    if (nfailed < 2)
+        return;
+    size_t used = (size_t)snprintf(out, len, " (ranks");
+    int listed = 0, first = -1;
+    for (int r = 0; r < size && used < len; r++) {
+        if ((ok[r / 64] >> (r % 64)) & 1)
+            continue;
+        if (first < 0)
+            first = r;
+        if (listed == 8) {
+            used += (size_t)snprintf(out + used, len - used, " and %d more", nfailed - listed);
+            break;
+        }
+        used += (size_t)snprintf(out + used, len - used, "%s %d", !listed ? "" :
+                                 listed == nfailed - 1 ? " and" : ",", r);
+        listed++;
+    }
+    if (used < len)
+        snprintf(out + used, len - used, " failed; rank %d's reason)", first);
+}
+
+cfx_status cx_exec_agree(cx_exec *x, cfx_status local, cx_agree_phase phase, const char *name,
+                         uint32_t *flags)
+{
+    cx_transport *t = x->transport;
+    if (!local && injected(x, phase, name))
+        local = cx_fail(CFX_ERR_OUT_OF_MEMORY, "injected failure on rank %d (CFX_TEST_FAIL: "
+                        "prefix '%s', %s agreement)", t->rank, x->fail_test.prefix,
+                        phase == CX_AGREE_DONE ? "done" : "ready");
+    if (t->size == 1)
+        return local; /* its message is still this thread's */
+    agree_reason why;
+    memset(&why, 0, sizeof why);
+    if (local) {
+        why.status = (int32_t)local;
+        snprintf(why.message, sizeof why.message, "%s", cx_error_message());
+    }
+    int size = t->size;
+    size_t nw = ((size_t)size + 63) / 64 + 1; /* a bit per rank, then the flags (inverted: OR) */
+    uint64_t words[nw];
+    for (size_t i = 0; i < nw; i++)
+        words[i] = ~0ull;
+    if (local)
+        words[t->rank / 64] &= ~(1ull << (t->rank % 64));
+    words[nw - 1] = ~(uint64_t)(flags ? *flags : 0);
+    cfx_status st = t->ops->allreduce_and(t, words, nw);
+    if (st)
+        return st;
+    if (flags)
+        *flags = (uint32_t)~words[nw - 1];
+    int first = -1, nfailed = 0;
+    for (int r = 0; r < size; r++)
+        if (!((words[r / 64] >> (r % 64)) & 1)) {
+            first = first < 0 ? r : first;
+            nfailed++;
+        }
+    if (first < 0)
+        return CFX_OK;
+    if ((st = t->ops->broadcast(t, &why, sizeof why, first)))
+        return st;
+    why.message[sizeof why.message - 1] = '\0';
+    cfx_status agreed = why.status > 0 && why.status <= CFX_ERR_NCCL ? (cfx_status)why.status
+                                                                     : CFX_ERR_INTERNAL;
+    char others[160];
+    list_failed(words, size, nfailed, others, sizeof others);
+    return cx_fail(agreed, "rank %d %s%s: %s", first, phase == CX_AGREE_READY ?
+                   "could not take part" : "failed after the collective", others, why.message);
+}
+
+/* A response whose entry this rank lost (an internal inconsistency): it still takes part in the
+ * agreement with this failure, so the peers fail the response too instead of waiting for it. */
+static cfx_status lost_entry(const cx_exec *x, const char *name)
+{
+    return cx_fail(CFX_ERR_INTERNAL, "tensor '%s' missing from the table on rank %d", name,
+                   x->transport->rank);
 }
 
 /* A device response on an engine without a device path (cx_exec.device_ops unset). */
@@ -107,9 +243,31 @@ static cfx_status ordered_reduce_scatter(cx_exec *x, const void *send, void *out
     return CFX_OK;
 }
 
+/* The ordered path's largest block of a batch of n elements: its first step's (every later step
+ * is as long or shorter). */
+static size_t ordered_block_elems(const cx_exec *x, size_t n, size_t esize)
+{
+    size_t size = (size_t)x->transport->size;
+    size_t step = elements_per_chunk(x, esize) * size;
+    size_t len = n < step ? n : step;
+    return (len + size - 1) / size;
+}
+
+/* What reduce_chunks' ordered path uses, reserved before the batch's ready agreement so that a
+ * failure comes before any collective: x->scratch holds the alltoall's receive area (a block from
+ * every rank) and then this rank's reduced block. */
+static cfx_status reserve_ordered(cx_exec *x, size_t n, size_t esize)
+{
+    if (!x->cfg->deterministic || x->transport->size == 1 || n == 0)
+        return CFX_OK;
+    size_t block = ordered_block_elems(x, n, esize) * esize;
+    return reserve(&x->scratch, &x->scratch_cap, block * ((size_t)x->transport->size + 1) + 1);
+}
+
 /* Allreduce of n elements from src into dst (which may be the same), chunk by chunk, with the
  * prescale applied as each chunk is staged and the postscale right after its reduction, while
- * the chunk is still in cache. Deterministic mode reduces every element in rank order. */
+ * the chunk is still in cache. Deterministic mode reduces every element in rank order (its
+ * scratch reserved by reserve_ordered). */
 static cfx_status reduce_chunks(cx_exec *x, const void *src, void *dst, size_t n, cfx_dtype dtype,
                                 cfx_reduce_op op, double prescale, double postscale)
 {
@@ -120,8 +278,8 @@ static cfx_status reduce_chunks(cx_exec *x, const void *src, void *dst, size_t n
     /* Ordered: each rank owns a chunk-sized block of every step. */
     size_t step = elements_per_chunk(x, esize) * (ordered ? (size_t)size : 1);
     size_t counts[size], bytes[size], displs[size];
-    void *block = NULL;
-    size_t block_cap = 0;
+    char *block = ordered ? (char *)x->scratch +
+                            ordered_block_elems(x, n, esize) * esize * (size_t)size : NULL;
     cfx_status st = CFX_OK;
     for (size_t off = 0; off < n && !st; off += step) {
         size_t len = n - off < step ? n - off : step;
@@ -139,16 +297,13 @@ static cfx_status reduce_chunks(cx_exec *x, const void *src, void *dst, size_t n
                 bytes[r] = counts[r] * esize;
                 displs[r] = block_start(len, size, r) * esize;
             }
-            st = reserve(&block, &block_cap, bytes[t->rank] + 1);
-            if (!st)
-                st = ordered_reduce_scatter(x, chunk, block, counts, dtype, op);
+            st = ordered_reduce_scatter(x, chunk, block, counts, dtype, op);
             if (!st)
                 st = t->ops->allgatherv(t, block, bytes[t->rank], chunk, bytes, displs);
         }
         if (!st)
             cx_scale(chunk, len, dtype, postscale);
     }
-    free(block);
     return st;
 }
 
@@ -167,12 +322,14 @@ static double final_scale(const cx_exec *x, const cx_response *r)
     return f;
 }
 
+/* entries == NULL: they could not be listed; each is taken from the table by name. */
 static void fail_entries(cx_exec *x, const cx_response *items, size_t n, cx_entry **entries,
                          cfx_status st, const char *msg)
 {
     for (size_t i = 0; i < n; i++) {
-        if (entries[i])
-            cx_exec_complete(x, entries[i], st, msg);
+        cx_entry *e = entries ? entries[i] : cx_queue_take(x->queue, items[i].name);
+        if (e)
+            cx_exec_complete(x, e, st, msg);
         else if (!x->joined)
             cx_log(x->log, CX_LOG_ERROR, "execute", "tensor '%s' missing from the table", items[i].name);
     }
@@ -212,19 +369,23 @@ cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_allreduce_batch *b, doubl
     cfx_dtype dtype = b->dtype;
     cfx_reduce_op op = b->op;
     double pre = b->prescale, post = b->postscale;
+    const char *name = items[0].name;
+    if (b->local) /* failed before it started: only the agreement */
+        return cx_exec_agree(x, b->local, CX_AGREE_READY, name, NULL);
     cfx_status st = CFX_OK;
     if (use_shm(x)) {
         /* Straight from the tensors into shared memory and back: no fusion buffer. */
         cx_segment stack_segs[16];
         cx_segment *segs = n <= 16 ? stack_segs : malloc(n * sizeof *segs);
-        if (!segs) {
+        if (!segs)
             st = cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for %zu segments", n);
-        } else {
-            for (size_t i = 0; i < n; i++) {
-                segs[i].src = entries[i] ? entries[i]->input : NULL;
-                segs[i].dst = entries[i] ? entries[i]->output : NULL;
-                segs[i].count = (size_t)cx_shape_elements(items[i].ndim, items[i].shape);
-            }
+        for (size_t i = 0; segs && i < n; i++) {
+            segs[i].src = entries[i] ? entries[i]->input : NULL;
+            segs[i].dst = entries[i] ? entries[i]->output : NULL;
+            segs[i].count = (size_t)cx_shape_elements(items[i].ndim, items[i].shape);
+        }
+        st = cx_exec_agree(x, st, CX_AGREE_READY, name, NULL);
+        if (!st) {
             TL_STAMP(tl, 1);
             st = cx_shm_allreduce(x->shm, x->transport, segs, n, dtype, op, pre, post,
                                   x->hierarchical);
@@ -240,16 +401,20 @@ cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_allreduce_batch *b, doubl
                     cx_log(x->log, CX_LOG_WARNING, "execute", "no direct path for tensors in "
                            "shared tensor memory (%s): they take the copies", why);
             }
-            if (segs != stack_segs)
-                free(segs);
         }
+        if (segs != stack_segs)
+            free(segs);
     } else if (n == 1 && entries[0]) {
         cx_entry *e = entries[0];
+        st = cx_exec_agree(x, reserve_ordered(x, total, esize), CX_AGREE_READY, name, NULL);
         TL_STAMP(tl, 1);
-        st = reduce_chunks(x, e->input, e->output, total, dtype, op, pre, post);
+        if (!st)
+            st = reduce_chunks(x, e->input, e->output, total, dtype, op, pre, post);
         TL_STAMP(tl, 2);
     } else {
         st = reserve(&x->fusion, &x->fusion_cap, total * esize + 1);
+        if (!st)
+            st = reserve_ordered(x, total, esize);
         char *buf = x->fusion;
         size_t off = 0;
         for (size_t i = 0; !st && i < n; i++) {
@@ -260,6 +425,7 @@ cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_allreduce_batch *b, doubl
                 cx_fill_identity(buf + off * esize, count, dtype, op);
             off += count;
         }
+        st = cx_exec_agree(x, st, CX_AGREE_READY, name, NULL);
         TL_STAMP(tl, 1);
         if (!st)
             st = reduce_chunks(x, buf, buf, total, dtype, op, 1.0, 1.0);
@@ -281,13 +447,19 @@ static cfx_status run_allreduce(cx_exec *x, const cx_response *items, size_t n)
     const cx_response *first = &items[0];
     cx_entry *stack_entries[16];
     cx_entry **entries = n <= 16 ? stack_entries : malloc(n * sizeof *entries);
-    if (!entries)
-        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for %zu entries", n);
     cx_allreduce_batch b = {items, n, entries, (cfx_dtype)first->dtype, (cfx_reduce_op)first->op,
                             cfx_dtype_size((cfx_dtype)first->dtype), 0, first->prescale,
-                            final_scale(x, first)};
+                            final_scale(x, first), CFX_OK};
+    /* A rank that cannot list its entries, or lost one (not joined), still takes part in the
+     * batch's ready agreement (b.local), so that every rank fails the batch. */
+    if (!entries)
+        b.local = cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for %zu entries", n);
     for (size_t i = 0; i < n; i++) {
-        entries[i] = cx_queue_take(x->queue, items[i].name);
+        if (entries) {
+            entries[i] = cx_queue_take(x->queue, items[i].name);
+            if (!entries[i] && !x->joined && !b.local)
+                b.local = lost_entry(x, items[i].name);
+        }
         b.total += (size_t)cx_shape_elements(items[i].ndim, items[i].shape);
     }
     double tl[4] = {0};
@@ -354,13 +526,13 @@ static cfx_status run_allgather(cx_exec *x, const cx_response *r, cx_entry *e)
             splits[j] = r->rank_rows[j];
     }
     void *out = malloc(total ? total : 1);
-    if (!out || !splits) {
-        free(out);
-        free(splits);
-        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "allgather of tensor '%s': out of memory for %zu "
-                       "output bytes", r->name, total);
-    }
-    cfx_status st = t->ops->allgatherv(t, e->input, bytes[t->rank], out, bytes, displs);
+    cfx_status st = !e ? lost_entry(x, r->name)
+                    : out && splits ? CFX_OK
+                                    : cx_fail(CFX_ERR_OUT_OF_MEMORY, "allgather of tensor '%s': "
+                                              "out of memory for %zu output bytes", r->name, total);
+    st = cx_exec_agree(x, st, CX_AGREE_READY, r->name, NULL);
+    if (!st)
+        st = t->ops->allgatherv(t, e->input, bytes[t->rank], out, bytes, displs);
     if (st) {
         free(out);
         free(splits);
@@ -376,14 +548,23 @@ static cfx_status run_alltoall(cx_exec *x, const cx_response *r, cx_entry *e)
     int size = t->size;
     size_t rb = row_bytes(r);
     int64_t *recv_rows = malloc(sizeof(int64_t) * (size_t)size);
-    if (!recv_rows)
-        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "alltoall of tensor '%s': out of memory", r->name);
+    cfx_status st = !e ? lost_entry(x, r->name)
+                    : recv_rows ? CFX_OK
+                                : cx_fail(CFX_ERR_OUT_OF_MEMORY, "alltoall of tensor '%s': out of "
+                                          "memory", r->name);
     size_t eight[size], sd[size], sb[size], rbytes[size], rd[size];
     for (int j = 0; j < size; j++) {
         eight[j] = sizeof(int64_t);
         sd[j] = rd[j] = (size_t)j * sizeof(int64_t);
     }
-    cfx_status st = t->ops->alltoallv(t, e->splits, eight, sd, recv_rows, eight, rd);
+    st = cx_exec_agree(x, st, CX_AGREE_READY, r->name, NULL);
+    if (!st)
+        st = t->ops->alltoallv(t, e->splits, eight, sd, recv_rows, eight, rd);
+    if (st) {
+        free(recv_rows);
+        return st;
+    }
+    /* The row counts came in: the output is allocated, and agreed on, before the data moves. */
     size_t soff = 0, roff = 0;
     for (int j = 0; !st && j < size; j++) {
         sb[j] = (size_t)e->splits[j] * rb;
@@ -400,6 +581,7 @@ static cfx_status run_alltoall(cx_exec *x, const cx_response *r, cx_entry *e)
     if (!st && !out)
         st = cx_fail(CFX_ERR_OUT_OF_MEMORY, "alltoall of tensor '%s': out of memory for %zu bytes",
                      r->name, roff);
+    st = cx_exec_agree(x, st, CX_AGREE_READY, r->name, NULL);
     if (!st)
         st = t->ops->alltoallv(t, e->input, sb, sd, out, rbytes, rd);
     if (st) {
@@ -435,10 +617,12 @@ static cfx_status run_reducescatter(cx_exec *x, const cx_response *r, cx_entry *
     }
     size_t mine = counts[t->rank];
     void *out = malloc(mine * esize + 1);
-    void *send = e->input;
+    void *send = e ? e->input : NULL;
     void *scaled = NULL;
-    cfx_status st = out ? CFX_OK : cx_fail(CFX_ERR_OUT_OF_MEMORY, "reducescatter of tensor '%s': "
-                                           "out of memory", r->name);
+    cfx_status st = !e ? lost_entry(x, r->name)
+                    : out ? CFX_OK
+                          : cx_fail(CFX_ERR_OUT_OF_MEMORY, "reducescatter of tensor '%s': out of "
+                                    "memory", r->name);
     if (!st && r->prescale != 1.0) {
         if (!(scaled = malloc(total * esize + 1)))
             st = cx_fail(CFX_ERR_OUT_OF_MEMORY, "reducescatter of tensor '%s': out of memory", r->name);
@@ -446,6 +630,9 @@ static cfx_status run_reducescatter(cx_exec *x, const cx_response *r, cx_entry *
             cx_scale_copy(scaled, e->input, total, dtype, r->prescale);
         send = scaled;
     }
+    if (!st && x->cfg->deterministic && size > 1) /* the ordered path's receive area */
+        st = reserve(&x->scratch, &x->scratch_cap, mine * esize * (size_t)size + 1);
+    st = cx_exec_agree(x, st, CX_AGREE_READY, r->name, NULL);
     if (!st) {
         if (size == 1)
             memcpy(out, send, mine * esize);
@@ -472,19 +659,21 @@ static cfx_status run_allgather_fused(cx_exec *x, const cx_response *items, size
     int size = t->size;
     cx_entry **entries = calloc(n, sizeof *entries);
     size_t *rb = calloc(n, sizeof *rb);
+    char **outs = calloc(n, sizeof *outs); /* every output, allocated before the agreement */
+    int64_t **splits = calloc(n, sizeof *splits);
     size_t bytes[size], displs[size];
-    cfx_status st = (entries && rb) ? CFX_OK : cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory");
-    for (size_t i = 0; !st && i < n; i++) {
+    cfx_status st = entries && rb && outs && splits ? CFX_OK
+                                                    : cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory");
+    for (size_t i = 0; entries && i < n; i++) {
         entries[i] = cx_queue_take(x->queue, items[i].name);
-        rb[i] = row_bytes(&items[i]);
-        if (!entries[i])
-            st = cx_fail(CFX_ERR_INTERNAL, "tensor '%s' missing from the table", items[i].name);
+        if (!entries[i] && !st)
+            st = lost_entry(x, items[i].name);
     }
     size_t total = 0;
     for (int r = 0; !st && r < size; r++) {
         bytes[r] = 0;
         for (size_t i = 0; i < n; i++)
-            bytes[r] += (size_t)items[i].rank_rows[r] * rb[i];
+            bytes[r] += (size_t)items[i].rank_rows[r] * row_bytes(&items[i]);
         displs[r] = total;
         total += bytes[r];
     }
@@ -495,6 +684,13 @@ static cfx_status run_allgather_fused(cx_exec *x, const cx_response *items, size
         if (!send || !recv)
             st = cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for a fused allgather of %zu bytes", total);
     }
+    for (size_t i = 0; !st && i < n; i++) {
+        rb[i] = row_bytes(&items[i]);
+        outs[i] = malloc(cx_allgather_bytes(&items[i]) + 1);
+        splits[i] = malloc(sizeof(int64_t) * (size_t)size);
+        if (!outs[i] || !splits[i])
+            st = cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for allgather output '%s'", items[i].name);
+    }
     size_t off = 0;
     for (size_t i = 0; !st && i < n; i++) {
         size_t b = (size_t)items[i].rank_rows[t->rank] * rb[i];
@@ -502,33 +698,27 @@ static cfx_status run_allgather_fused(cx_exec *x, const cx_response *items, size
             memcpy(send + off, entries[i]->input, b);
         off += b;
     }
+    st = cx_exec_agree(x, st, CX_AGREE_READY, items[0].name, NULL);
     if (!st)
         st = t->ops->allgatherv(t, send, bytes[t->rank], recv, bytes, displs);
     size_t part[size]; /* read position within each rank's part of recv */
     for (int r = 0; r < size; r++)
         part[r] = 0;
     for (size_t i = 0; !st && i < n; i++) {
-        size_t out_bytes = cx_allgather_bytes(&items[i]);
-        char *out = malloc(out_bytes + 1);
-        int64_t *splits = malloc(sizeof(int64_t) * (size_t)size);
-        if (!out || !splits) {
-            free(out);
-            free(splits);
-            st = cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for allgather output '%s'", items[i].name);
-            break;
-        }
         size_t o = 0;
         int64_t rows = 0;
         for (int r = 0; r < size; r++) {
             size_t b = (size_t)items[i].rank_rows[r] * rb[i];
             if (b)
-                memcpy(out + o, recv + displs[r] + part[r], b);
+                memcpy(outs[i] + o, recv + displs[r] + part[r], b);
             part[r] += b;
             o += b;
-            splits[r] = items[i].rank_rows[r];
-            rows += splits[r];
+            splits[i][r] = items[i].rank_rows[r];
+            rows += splits[i][r];
         }
-        set_output(x, entries[i], out, out_bytes, &items[i], rows, splits);
+        set_output(x, entries[i], outs[i], cx_allgather_bytes(&items[i]), &items[i], rows, splits[i]);
+        outs[i] = NULL;
+        splits[i] = NULL;
     }
     free(send);
     free(recv);
@@ -536,19 +726,29 @@ static cfx_status run_allgather_fused(cx_exec *x, const cx_response *items, size
     if (st)
         snprintf(msg, sizeof msg, "allgather of tensor '%s' and the tensors fused with it failed: %s",
                  items[0].name, cx_error_message());
-    for (size_t i = 0; entries && i < n; i++)
-        cx_exec_complete(x, entries[i], st, st ? msg : NULL);
+    for (size_t i = 0; i < n; i++) {
+        cx_exec_complete(x, entries ? entries[i] : cx_queue_take(x->queue, items[i].name), st,
+                         st ? msg : NULL);
+        if (outs)
+            free(outs[i]);
+        if (splits)
+            free(splits[i]);
+    }
     free(entries);
     free(rb);
+    free(outs);
+    free(splits);
     return st;
 }
 
 cfx_status cx_exec_single_host(cx_exec *x, const cx_response *r, cx_entry *e)
 {
     cx_transport *t = x->transport;
+    cfx_status st;
     switch (r->coll) {
     case CX_BROADCAST:
-        return t->size == 1 ? CFX_OK : t->ops->broadcast(t, e->input, e->bytes, r->root);
+        st = cx_exec_agree(x, e ? CFX_OK : lost_entry(x, r->name), CX_AGREE_READY, r->name, NULL);
+        return st || t->size == 1 ? st : t->ops->broadcast(t, e->input, e->bytes, r->root);
     case CX_ALLGATHER:
         return run_allgather(x, r, e);
     case CX_ALLTOALL:
@@ -557,10 +757,11 @@ cfx_status cx_exec_single_host(cx_exec *x, const cx_response *r, cx_entry *e)
         return run_reducescatter(x, r, e);
     case CX_BARRIER:
         return t->size == 1 ? CFX_OK : t->ops->barrier(t);
-    case CX_JOIN:
-        cx_handles_set_join_rank(x->handles, e->handle, r->last_joined);
+    case CX_JOIN: /* no communication */
+        if (e)
+            cx_handles_set_join_rank(x->handles, e->handle, r->last_joined);
         x->joined = false;
-        return CFX_OK;
+        return e ? CFX_OK : lost_entry(x, r->name);
     default:
         return cx_fail(CFX_ERR_INTERNAL, "tensor '%s': unknown collective %d", r->name, r->coll);
     }
@@ -604,17 +805,20 @@ cfx_status cx_execute(cx_exec *x, const cx_response_list *responses)
         }
         cx_entry *e = cx_queue_take(x->queue, r->name);
         i++;
-        if (!e) {
-            cx_log(x->log, CX_LOG_ERROR, "execute", "tensor '%s' (%s) missing from the table",
-                   r->name, cx_coll_name(r->coll));
-            continue;
-        }
         double tl[2] = {0};
         TL_STAMP(tl, 0);
+        /* A lost entry (e == NULL) still takes part, so the peers fail the response with it. */
         cfx_status st = r->device == CFX_DEVICE_CPU ? cx_exec_single_host(x, r, e)
                         : x->device_ops             ? x->device_ops->single(x, r, e)
                                                     : no_device_path(r);
         TL_STAMP(tl, 1);
+        if (!e) {
+            cx_log(x->log, CX_LOG_ERROR, "execute", "tensor '%s' (%s) missing from the table",
+                   r->name, cx_coll_name(r->coll));
+            if (st == CFX_ERR_TRANSPORT && !failure)
+                failure = st;
+            continue;
+        }
         if (CX_TL(x->timeline))
             cx_timeline_phase(x->timeline, r->name, CX_TL_COLLECTIVE, cx_timeline_coll_label(r->coll),
                               tl[0], tl[1], (int64_t)e->bytes, 1);

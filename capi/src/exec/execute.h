@@ -14,6 +14,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "base/config.h"
 #include "protocol/handles.h"
@@ -40,6 +41,11 @@ typedef struct cx_exec {
     struct cx_device *device; /* device tensors' state (device_exec.h): made by the first device
                                  response, or NULL */
     const struct cx_device_ops *device_ops; /* the device path, or NULL (device tensors fail) */
+    struct cx_fail_test {     /* CFX_TEST_FAIL, parsed once at init (tests only; cx_exec_agree) */
+        uint64_t ranks;       /* bit r: rank r fails (ranks 0..63) */
+        int phase;            /* the cx_agree_phase it fails in */
+        char prefix[56];      /* batches whose first tensor name starts with this; "" = off */
+    } fail_test;
 } cx_exec;
 
 struct cx_allreduce_batch;
@@ -75,19 +81,46 @@ typedef struct cx_allreduce_batch {
     size_t total;             /* elements over all n responses */
     double prescale;
     double postscale;         /* the response's, with 1/size folded in for AVERAGE */
+    cfx_status local;         /* this rank already failed the batch (CFX_OK: no): it takes part in
+                                 the batch's ready agreement with this status and nothing else;
+                                 entries may then be NULL */
 } cx_allreduce_batch;
 
 /* The host data path of a batch: shared memory, chunked MPI or the deterministic ordered path,
  * prescale and postscale fused in. Neither takes nor completes the entries. run_allreduce calls it
  * for host tensors; the host-staged device path (device_exec.c) calls it with entries whose
- * input/output point into page-locked staging memory. tl[1] and tl[2] get the collective's start
- * and end when the timeline is on. */
+ * input/output point into page-locked staging memory. Its first collective call is the batch's
+ * ready agreement (cx_exec_agree), after every local allocation. tl[1] and tl[2] get the
+ * collective's start and end when the timeline is on. */
 cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_allreduce_batch *b, double *tl);
 
 /* A single non-allreduce response (broadcast, allgather, alltoall, reducescatter, barrier, join)
  * on the host data path, with this rank's entry `e` (not completed here). Outputs Conflux
- * allocates are host memory. */
+ * allocates are host memory. Every collective but barrier and join starts with a ready agreement.
+ * e == NULL: this rank lost its entry; it takes part in that agreement with CFX_ERR_INTERNAL (and
+ * in a barrier as usual), so the peers fail the response instead of waiting for it. */
 cfx_status cx_exec_single_host(cx_exec *x, const cx_response *r, cx_entry *e);
+
+/* ---- failure agreement ---------------------------------------------------------------------
+ * A rank whose local work fails (an allocation, a CUDA call, a staging copy) must neither skip a
+ * collective its peers enter (they would wait for it forever, and its next collective would pair
+ * with their pending one) nor take part with made-up data (they would finish with a wrong result
+ * and CFX_OK). So every data path agrees before the first data-plane call of a batch (READY: no
+ * rank enters unless every rank can), and the device paths, whose local work goes on after the
+ * collective (copies back, the completion wait), agree once more after it (DONE). Either way
+ * every rank completes the batch with the same status. */
+typedef enum cx_agree_phase { CX_AGREE_READY = 1, CX_AGREE_DONE = 2 } cx_agree_phase;
+
+/* Collective: every rank calls it at the same point with its own status `local` (its message in
+ * cx_error_message()). One AND-allreduce of one bit per rank (plus a flags word); CFX_OK on every
+ * rank when every rank was OK. Otherwise the lowest failing rank broadcasts its status and message
+ * and every rank returns that status, with a message naming the failing ranks and that reason. No
+ * allocation, so out of memory can be agreed too. `flags` (may be NULL): in, this rank's bits
+ * (CX_AGREE_FLAG_*); out, their OR over the ranks. `name`: the batch's first tensor (failure
+ * injection, CFX_TEST_FAIL). A failure of the agreement's own calls is returned as it is. */
+#define CX_AGREE_FLAG_NCCL_LOST 1u /* this rank's NCCL communicator failed (device_exec.c) */
+cfx_status cx_exec_agree(cx_exec *x, cfx_status local, cx_agree_phase phase, const char *name,
+                         uint32_t *flags);
 
 /* Completes an entry with a status and frees it. */
 void cx_exec_complete(cx_exec *x, cx_entry *e, cfx_status status, const char *message);
