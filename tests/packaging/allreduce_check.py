@@ -27,6 +27,8 @@ want = sum(r + 1 for r in range(size)) * np.arange(1, n + 1, dtype=np.float32)
 if not np.array_equal(x, want):
     bad = int(np.flatnonzero(x != want)[0])
     sys.exit("FAIL: rank %d: element %d is %g, the ranks' sum is %g" % (rank, bad, x[bad], want[bad]))
-print("rank %d of %d: allreduce ok, conflux %s from %s" % (rank, size, conflux.version(),
-                                                           os.path.dirname(where)), flush=True)
+# one write per line: the ranks' lines must not interleave
+sys.stdout.write("rank %d of %d: allreduce ok, conflux %s from %s\n"
+                 % (rank, size, conflux.version(), os.path.dirname(where)))
+sys.stdout.flush()
 conflux.shutdown()

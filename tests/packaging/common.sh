@@ -39,7 +39,7 @@ ranks() {
     out=$(cd / && "${launcher[@]}" "$@" 2>&1) || { echo "$out"; fail "$np-rank job: ${launcher[*]} $*"; }
     echo "$out"
     for ((r = 0; r < np; r++)); do
-        grep -q "^rank $r of $np: allreduce ok" <<<"$out" || fail "rank $r did not report its allreduce"
+        grep -q "rank $r of $np: allreduce ok" <<<"$out" || fail "rank $r did not report its allreduce"
     done
 }
 
