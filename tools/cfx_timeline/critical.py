@@ -23,6 +23,9 @@ t on rank r the path takes what r was doing that t waited for:
 Moments closer than EPS_US count as the same moment. The path covers the step's wall time
 exactly once, so its segments' shares add up to 100 %.
 """
+from bisect import bisect_left, bisect_right
+from itertools import accumulate
+
 from .model import DATA_PHASES
 
 EPS_US = 5.0
@@ -48,53 +51,106 @@ class Segment:
                                                         self.tensor)
 
 
-def _window(tl, rank, a, b):
-    return [s for s in tl.slices_on(rank) if s.t1 >= a and s.t0 < b]
+class RankIndex:
+    """One rank's slices, indexed for the questions the walk asks about a moment t."""
+
+    def __init__(self, slices):
+        batches = {}
+        for s in slices:  # fused tensors share their data-path slices: one per batch is enough
+            if s.phase in DATA_PHASES:
+                batches.setdefault((s.t0, s.t1, s.phase), s)
+        self.data = sorted(batches.values(), key=lambda s: (s.t0, s.t1))
+        self.data_t0 = [s.t0 for s in self.data]
+        self.data_reach = list(accumulate((s.t1 for s in self.data), max))
+        self.data_t1 = sorted(s.t1 for s in self.data)
+        self.waits = {}
+        for ph in ("queued", "negotiate"):
+            lst = sorted((s for s in slices if s.phase == ph), key=lambda s: s.t1)
+            self.waits[ph] = (lst, [s.t1 for s in lst])
+        self.all_t1 = sorted(s.t1 for s in slices)
+        occs = sorted({id(s.occ): s.occ for s in slices}.values(), key=lambda o: o.submit)
+        self.submits = [o.submit for o in occs]
+        self.reach = list(accumulate((o.end for o in occs), max))
+
+    def data_at(self, t, eps):
+        """The data-path slice running at t (t0 < t <= t1 + eps), the latest ending; or None."""
+        best = None
+        j = bisect_left(self.data_t0, t) - 1
+        while j >= 0 and self.data_reach[j] >= t - eps:
+            s = self.data[j]
+            if s.t1 >= t - eps and (best is None or (s.t1, s.t0) > (best.t1, best.t0)):
+                best = s
+            j -= 1
+        return best
+
+    def waits_ending_at(self, phase, t, eps):
+        """The `phase` slices (queued, negotiate) that started before t and ended within eps of it."""
+        lst, t1s = self.waits[phase]
+        return [s for s in lst[bisect_left(t1s, t - eps):bisect_right(t1s, t + eps)] if s.t0 < t]
+
+    def busy_until(self, a, t, eps):
+        """The latest end of a data-path slice within (a, t - eps], or None: until then the rank's
+        background thread ran a batch, and could not take or negotiate anything else."""
+        i = bisect_right(self.data_t1, t - eps) - 1
+        return self.data_t1[i] if i >= 0 and self.data_t1[i] > a else None
+
+    def last_end_before(self, x):
+        i = bisect_left(self.all_t1, x) - 1
+        return self.all_t1[i] if i >= 0 else None
+
+    def in_flight(self, t):
+        """Whether some submission began before t and ends after it."""
+        k = bisect_left(self.submits, t)
+        return k > 0 and self.reach[k - 1] > t
+
+
+def rank_index(tl, rank):
+    cache = tl.__dict__.setdefault("_rank_index", {})
+    if rank not in cache:
+        cache[rank] = RankIndex(tl.slices_on(rank))
+    return cache[rank]
 
 
 def critical_path(tl, step, eps=EPS_US):
     """[Segment] from step.start to step.end, in time order."""
-    window = {r: _window(tl, r, step.start, step.end) for r in step.occ}
+    idx = {r: rank_index(tl, r) for r in step.occ}
     rank = max(step.occ, key=lambda r: (step.rank_span[r][1], -r))
     t = step.end
     segs = []
-    for _ in range(100000):  # bounded: every turn moves t back
+    for _ in range(1000000):  # bounded: every turn moves t back or moves to a busier rank
         if t <= step.start + 1e-9:
             break
-        here = [s for s in window[rank] if s.t0 < t and s.t1 >= t - eps]
-        data = [s for s in here if s.phase in DATA_PHASES]
-        if data:
-            s = max(data, key=lambda x: (x.t1, x.t0))
+        ix = idx[rank]
+        s = ix.data_at(t, eps)
+        if s is not None:
             segs.append(Segment(rank, s.t0, t, s.phase, s.tensor))
             t = s.t0
             continue
-        neg = [s for s in here if s.phase == "negotiate" and s.t1 <= t + eps]
+        neg = ix.waits_ending_at("negotiate", t, eps)
         if neg:
             s = min(neg, key=lambda x: x.t0)
-            gate = _last_arrival(tl, neg, rank, t, window)
-            busy = _busy_until(window[rank], s.t0, t, eps)
+            gate = _last_arrival(tl, neg, rank, t, idx)
+            busy = ix.busy_until(s.t0, t, eps)
             if gate is not None and gate.rank != rank and \
                     gate.t0 > max(s.t0, busy if busy is not None else s.t0) + eps:
                 # `rank` waited for gate.rank's request: the negotiation proper ran from then
                 segs.append(Segment(rank, gate.t0, t, "negotiate", s.tensor))
                 rank, t = gate.rank, gate.t0
                 continue
-            t = _wait(segs, window[rank], s, t, eps)
+            t = _wait(segs, ix, s, t, eps)
             continue
-        queued = [s for s in here if s.phase == "queued" and s.t1 <= t + eps]
+        queued = ix.waits_ending_at("queued", t, eps)
         if queued:
-            t = _wait(segs, window[rank], min(queued, key=lambda x: x.t0), t, eps)
+            t = _wait(segs, ix, min(queued, key=lambda x: x.t0), t, eps)
             continue
-        inflight = any(s.occ.submit < t and s.occ.end > t for s in window[rank])
+        inflight = ix.in_flight(t)
         if inflight:  # r waits inside Conflux with no slice of its own: for a batch elsewhere?
-            other = [s for g in window if g != rank for s in window[g]
-                     if s.phase in DATA_PHASES and s.t0 < t and s.t1 >= t - eps]
+            other = [o for o in (idx[g].data_at(t, eps) for g in idx if g != rank) if o is not None]
             if other:
                 rank = max(other, key=lambda x: (x.t1, -x.rank)).rank
                 continue
         kind = "gap" if inflight else "outside"
-        ends = [s.t1 for s in window[rank] if s.t1 < t - eps]
-        prev = max(ends) if ends else None
+        prev = ix.last_end_before(t - eps)
         if prev is None or prev <= step.start:
             segs.append(Segment(rank, step.start, t, kind, None))
             break
@@ -106,31 +162,24 @@ def critical_path(tl, step, eps=EPS_US):
     return _merge([s for s in segs if s.t1 > s.t0])
 
 
-def _busy_until(slices, a, t, eps):
-    """The latest end of a data-path slice on the rank within (a, t - eps], or None: until then
-    the rank's background thread ran a batch, and could not take or negotiate anything else."""
-    ends = [s.t1 for s in slices if s.phase in DATA_PHASES and a < s.t1 <= t - eps]
-    return max(ends) if ends else None
-
-
-def _wait(segs, slices, s, t, eps):
+def _wait(segs, ix, s, t, eps):
     """Adds the part of waiting slice `s` (queued or negotiate) that ends at t and returns where
     the path goes on: at the end of a batch the rank's thread ran meanwhile (what the wait waited
     for), else at the slice's start."""
-    busy = _busy_until(slices, s.t0, t, eps)
+    busy = ix.busy_until(s.t0, t, eps)
     a = busy if busy is not None else s.t0  # < t: callers pass slices that start before t
     segs.append(Segment(s.rank, a, t, s.phase, s.tensor))
     return a
 
 
-def _last_arrival(tl, negs, rank, t, window):
+def _last_arrival(tl, negs, rank, t, idx):
     """Of the tensors whose negotiation on `rank` ended at t, the one whose request some rank sent
     last (its NEGOTIATE began last: the rank's thread took it from the queue then): that rank's
     NEGOTIATE slice of it (on `rank` itself on a tie)."""
     best = None
     for s in negs:
         o = s.occ
-        for r in window:
+        for r in idx:
             peer = o if r == rank else tl.occ(r, o.tensor, o.index)
             ps = peer.slices.get("negotiate") if peer is not None else None
             if ps is None or ps.t0 >= t:

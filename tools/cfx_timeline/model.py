@@ -32,12 +32,13 @@ class Slice:
 
 class Occurrence:
     """One submission of `tensor` on `rank`: the index-th on that rank (from 0)."""
-    __slots__ = ("rank", "tensor", "index", "slices", "marks")
+    __slots__ = ("rank", "tensor", "index", "slices", "marks", "last")
 
     def __init__(self, rank, tensor, index):
         self.rank, self.tensor, self.index = rank, tensor, index
         self.slices = {}  # phase -> Slice
         self.marks = []   # failure marks (instant events named by a status)
+        self.last = -1    # PHASE_INDEX of its latest phase
 
     @property
     def submit(self):
@@ -48,9 +49,6 @@ class Occurrence:
     @property
     def end(self):
         return max(s.t1 for s in self.slices.values())
-
-    def last_phase(self):
-        return max(PHASE_INDEX[p] for p in self.slices)
 
 
 class Timeline:
@@ -91,7 +89,7 @@ def _starts_new(o, cat):
         return True
     if cat == "queued" and list(o.slices) == ["negotiate"]:
         return False
-    return PHASE_INDEX[cat] < o.last_phase()
+    return PHASE_INDEX[cat] < o.last
 
 
 def _key(e):
@@ -154,6 +152,7 @@ def build(events):
             lst.append(o)
             current[key] = o
         o.slices[cat] = s
+        o.last = max(o.last, PHASE_INDEX[cat])
         s.occ = o
     tl.ranks = sorted(ranks)
     tl.names = list(names)
