@@ -449,6 +449,62 @@ static void add_conflux_method(workload *w, const char *name, cfx_arg *a, method
     zero_tensors(w, a->data);
     ms[(*nm)++] = (method){name, step_conflux, a, all_ok ? "ok" : "FAIL", NULL};
 }
+
+/* conflux_gradset: the workload's tensors registered once in a gradient set with owned storage
+ * (cfx_gradset_*), each step marking them ready in reverse registration order and waiting. The time
+ * of the ready calls alone is kept per repeat for the gradset_ready_call row. */
+typedef struct gradset_arg {
+    cfx_gradset *set;
+    int32_t *index;
+    float **data;
+    double ready_s;    /* the ready calls of the repeats since the last reset */
+    long ready_calls;
+} gradset_arg;
+
+static void step_gradset(workload *w, void *arg) {
+    gradset_arg *g = arg;
+    double t0 = MPI_Wtime();
+    for (size_t i = w->n; i-- > 0;) cfx_check(cfx_gradset_ready(g->set, g->index[i]), "cfx_gradset_ready");
+    g->ready_s += MPI_Wtime() - t0;
+    g->ready_calls += (long)w->n;
+    cfx_check(cfx_gradset_wait(g->set, -1.0), "cfx_gradset_wait");
+}
+
+static void make_gradset(workload *w, cfx_context *ctx, gradset_arg *g) {
+    cfx_gradset_options o;
+    cfx_check(cfx_gradset_options_init(&o, CFX_GRADSET_OPTIONS_VERSION), "cfx_gradset_options_init");
+    o.op = CFX_OP_SUM;
+    char name[128];
+    snprintf(name, sizeof name, "bench.%s", w->name);
+    cfx_check(cfx_gradset_create(ctx, name, &o, &g->set), "cfx_gradset_create");
+    g->index = xmalloc(w->n * sizeof *g->index);
+    g->data = xmalloc(w->n * sizeof *g->data);
+    for (size_t i = 0; i < w->n; i++) {
+        cfx_tensor t = {NULL, w->t[i].shape, w->t[i].ndim, CFX_FLOAT32, CFX_DEVICE_CPU, NULL};
+        cfx_check_tensor(cfx_gradset_add(g->set, w->t[i].name, &t, &g->index[i]), "cfx_gradset_add", w, i);
+    }
+    cfx_check(cfx_gradset_commit(g->set), "cfx_gradset_commit");
+    for (size_t i = 0; i < w->n; i++) {
+        void *p = NULL;
+        cfx_check(cfx_gradset_data(g->set, g->index[i], &p), "cfx_gradset_data");
+        g->data[i] = p;
+    }
+}
+
+/* Checks step_gradset once, like add_conflux_method, and adds it. */
+static void add_gradset_method(workload *w, gradset_arg *g, method *ms, int *nm) {
+    fill_pattern(w, g->data);
+    step_gradset(w, g);
+    char why[256] = "";
+    int ok = check_pattern(w, g->data, why, sizeof why), all_ok = 0;
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, g_comm);
+    if (!ok) fprintf(stderr, "[rank %d] CHECK FAILED %s conflux_gradset: %s\n", g_rank, w->name, why);
+    if (!all_ok) g_failures++;
+    zero_tensors(w, g->data);
+    g->ready_s = 0;
+    g->ready_calls = 0;
+    ms[(*nm)++] = (method){"conflux_gradset", step_gradset, g, all_ok ? "ok" : "FAIL", NULL};
+}
 #else
 typedef struct cfx_context cfx_context;
 #endif
@@ -466,12 +522,15 @@ static void run_workload(workload *w, mode m, cfx_context *ctx, int baselines) {
     float **priv = alloc_tensors(w, PLACE_PRIVATE), **shared = NULL;
 #if CFX_BENCH_HAVE_CONFLUX
     cfx_arg ca = {ctx, NULL, priv}, cs = {ctx, NULL, NULL};
+    gradset_arg gs = {0};
     if (ctx) {
         ca.h = xmalloc(w->n * sizeof(cfx_handle));
         cs.h = xmalloc(w->n * sizeof(cfx_handle));
         cs.data = shared = alloc_tensors(w, PLACE_SHARED);
         add_conflux_method(w, "conflux", &ca, ms, &nm);
         add_conflux_method(w, "conflux_shared", &cs, ms, &nm);
+        make_gradset(w, ctx, &gs);
+        add_gradset_method(w, &gs, ms, &nm);
     }
 #else
     (void)ctx;
@@ -497,6 +556,18 @@ static void run_workload(workload *w, mode m, cfx_context *ctx, int baselines) {
         }
     }
     time_methods(w, ms, nm);
+#if CFX_BENCH_HAVE_CONFLUX
+    if (gs.set && gs.ready_calls) { /* the mean cost of one ready call, on rank 0 */
+        double per_call = gs.ready_s / (double)gs.ready_calls;
+        result rr = {0};
+        rr.median = rr.min = rr.max = per_call;
+        rr.reps = (int)(gs.ready_calls / (long)w->n);
+        emit(w, "gradset_ready_call", rr, "-");
+    }
+    cfx_gradset_free(gs.set);
+    free(gs.index);
+    free(gs.data);
+#endif
     free(fa[0].buf);
     free_tensors(w, priv, PLACE_PRIVATE);
     free_tensors(w, shared, PLACE_SHARED);
