@@ -104,11 +104,13 @@ def main():
     print(p.stdout)
     if p.returncode != 0:
         return p.returncode
-    want = "steps: %d, found from the tensor set that repeats most: %d tensor(s)" % (STEPS, ntensors)
+    want = "steps: %d, found from the tensor set that repeats most: %d tensor(s)" % (STEPS,
+                                                                                     ntensors)
     if want not in p.stdout:
         print("run_timeline: the summary does not say %r" % want)
         return 1
-    return subprocess.run([sys.executable, os.path.join(HERE, "test_picture.py")] + files).returncode
+    picture = os.path.join(HERE, "test_picture.py")
+    return subprocess.run([sys.executable, picture] + files).returncode
 
 
 if __name__ == "__main__":

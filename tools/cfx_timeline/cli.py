@@ -1,9 +1,11 @@
 """cfx-timeline: load, merge, summarise and picture Conflux timelines (docs/timeline.md).
 
     cfx-timeline FILE...                   summary: steps, where a step's time goes, other tensors
-    cfx-timeline FILE... --png out.png     the picture: the median steady-state step as a Gantt chart
-                                           (one row per rank), the step time over the run, the shares
-    cfx-timeline FILE... --merge out.json  one valid JSON file of all ranks (Perfetto, chrome://tracing)
+    cfx-timeline FILE... --png out.png     the picture: the median steady-state step as a Gantt
+                                           chart (a band per rank), the step time over the run,
+                                           where an iteration's time goes
+    cfx-timeline FILE... --merge out.json  one valid JSON file of all ranks (Perfetto,
+                                           chrome://tracing)
     cfx-timeline FILE... --json            the summary as JSON
 
 FILE is a per-rank timeline (tl.rank0.json, ...) or a merged one. A file may lack its closing

@@ -84,7 +84,7 @@ class RankIndex:
         return best
 
     def waits_ending_at(self, phase, t, eps):
-        """The `phase` slices (queued, negotiate) that started before t and ended within eps of it."""
+        """The `phase` slices (queued, negotiate) that began before t and ended within eps of it."""
         lst, t1s = self.waits[phase]
         return [s for s in lst[bisect_left(t1s, t - eps):bisect_right(t1s, t + eps)] if s.t0 < t]
 

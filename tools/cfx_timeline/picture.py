@@ -135,8 +135,9 @@ def draw_gantt(ax, an, k, max_rows=None):
         for kind in critical.KINDS:
             iv = strips.get(r, {}).get(kind)
             if iv:
-                ax.add_collection(PolyCollection(_rects(iv, y, h, origin), facecolors=KIND_COLOR[kind],
-                                                 edgecolors="#555555", linewidths=0.3,
+                ax.add_collection(PolyCollection(_rects(iv, y, h, origin),
+                                                 facecolors=KIND_COLOR[kind], edgecolors="#555555",
+                                                 linewidths=0.3,
                                                  gid="path rank=%s kind=%s" % (r, kind)))
         ticks.append(y + h / 2)
         labels.append("critical path")
@@ -181,7 +182,7 @@ def draw_gantt(ax, an, k, max_rows=None):
 
 
 def robust_top(values):
-    """An upper y limit that a few huge values (warm-up, a stall) do not flatten everything under."""
+    """An upper y limit that a few huge values (warm-up, a stall) do not flatten the rest under."""
     from .steps import quantile
     if not values:
         return 1.0

@@ -147,11 +147,15 @@ def print_summary(s, top=10, all_steps=False, out=sys.stdout):
         w("(a file reached its size cap: later events were dropped)\n")
     names = sf["names"]
     shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
-    w("\nsteps: %d, found from %s: %d tensor(s) (%s)\n" % (sf["count"], sf["source"], len(names),
-                                                            shown))
+    if names:
+        w("\nsteps: %d, found from %s: %d tensor(s) (%s)\n" % (sf["count"], sf["source"],
+                                                                len(names), shown))
+    else:
+        w("\nsteps: none (no tensor events)\n")
     prs = sf["per_rank_steps"]
     if len(set(prs.values())) > 1:
-        w("  uneven ranks: steps per rank %s\n" % ", ".join("rank %s %d" % kv for kv in prs.items()))
+        w("  uneven ranks: steps per rank %s\n"
+          % ", ".join("rank %s %d" % kv for kv in prs.items()))
     if sf["partial_steps"]:
         p = sf["partial_steps"]
         w("  partial steps (some rank missing): %d (%s%s)\n"
@@ -179,7 +183,8 @@ def print_summary(s, top=10, all_steps=False, out=sys.stdout):
             w("  slowest rank over the steady state: %s\n" % ", ".join(
                 "rank %s in %d steps" % kv for kv in s["slowest_rank_counts"].items()))
         sh = s["critical_path_shares"]
-        w("  where an iteration's time goes (critical path, %d steady-state steps):\n" % sh["steps"])
+        w("  where an iteration's time goes (critical path, %d steady-state steps):\n"
+          % sh["steps"])
         for k in critical.KINDS:
             if sh["total_us"] > 0:
                 w("    %-28s %5.1f %%\n" % (critical.KIND_LABEL[k],
