@@ -1,8 +1,8 @@
 /*
  * train_logreg - data-parallel logistic regression through Conflux's C ABI.
  *
- * Every rank generates its own shard of a synthetic data set, computes the gradient on it, and
- * Conflux averages the gradients across ranks each step. Rank 0 prints the loss per epoch; at the
+ * Every rank generates its own shard of a synthetic data set, computes the gradient on it into a
+ * gradient set's owned storage, and Conflux averages the gradients across ranks each step. Rank 0 prints the loss per epoch; at the
  * end every rank's weights are gathered and compared bitwise.
  *
  *   cfxrun -np 3 build/examples/c/cfx_train_logreg [epochs]
@@ -88,9 +88,29 @@ int main(int argc, char **argv)
         return 1;
     cfx_handle_release(ctx, h);
 
-    int ok = 1;
+    /* The gradients live in a gradient set: registered once, with storage owned by Conflux (shared
+     * memory, so the averaging takes the direct path), then each epoch only marked ready. */
+    cfx_gradset *set = NULL;
+    int64_t gn = FEATURES, one = 1;
+    int32_t i_weights, i_bias, i_loss;
+    double *gw = NULL, *gb = NULL, *gloss = NULL;
+    int ok = check(cfx_gradset_create(ctx, "logreg", NULL, &set), "cfx_gradset_create") &&
+             check(cfx_gradset_add(set, "weights", &(cfx_tensor){NULL, &gn, 1, CFX_FLOAT64,
+                                                                 CFX_DEVICE_CPU, NULL}, &i_weights),
+                   "cfx_gradset_add") &&
+             check(cfx_gradset_add(set, "bias", &(cfx_tensor){NULL, &one, 1, CFX_FLOAT64,
+                                                              CFX_DEVICE_CPU, NULL}, &i_bias),
+                   "cfx_gradset_add") &&
+             check(cfx_gradset_add(set, "loss", &(cfx_tensor){NULL, &one, 1, CFX_FLOAT64,
+                                                              CFX_DEVICE_CPU, NULL}, &i_loss),
+                   "cfx_gradset_add") &&
+             check(cfx_gradset_commit(set), "cfx_gradset_commit") &&
+             check(cfx_gradset_data(set, i_weights, (void **)&gw), "cfx_gradset_data") &&
+             check(cfx_gradset_data(set, i_bias, (void **)&gb), "cfx_gradset_data") &&
+             check(cfx_gradset_data(set, i_loss, (void **)&gloss), "cfx_gradset_data");
     for (int epoch = 0; epoch < epochs && ok; epoch++) {
-        double grad[FEATURES + 2] = {0}; /* gradient, then the loss sum as the last entry */
+        memset(gw, 0, sizeof *gw * FEATURES);
+        *gb = *gloss = 0;
         for (int i = 0; i < SAMPLES_PER_RANK; i++) {
             double z = w[FEATURES];
             for (int j = 0; j < FEATURES; j++)
@@ -98,16 +118,21 @@ int main(int argc, char **argv)
             double p = 1 / (1 + exp(-z));
             double err = p - y[i];
             for (int j = 0; j < FEATURES; j++)
-                grad[j] += err * x[i][j] / SAMPLES_PER_RANK;
-            grad[FEATURES] += err / SAMPLES_PER_RANK;
-            grad[FEATURES + 1] -= (y[i] * log(p + 1e-12) + (1 - y[i]) * log(1 - p + 1e-12)) / SAMPLES_PER_RANK;
+                gw[j] += err * x[i][j] / SAMPLES_PER_RANK;
+            *gb += err / SAMPLES_PER_RANK;
+            *gloss -= (y[i] * log(p + 1e-12) + (1 - y[i]) * log(1 - p + 1e-12)) / SAMPLES_PER_RANK;
         }
-        /* One tensor name per role, reused every epoch: the response cache skips negotiation. */
-        ok = allreduce(ctx, "grad", grad, FEATURES + 2, CFX_OP_AVERAGE);
-        for (int j = 0; j <= FEATURES && ok; j++)
-            w[j] -= LEARNING_RATE * grad[j];
+        /* Each gradient is ready as soon as it is computed; wait ends the step with the averages. */
+        ok = check(cfx_gradset_ready(set, i_loss), "cfx_gradset_ready") &&
+             check(cfx_gradset_ready(set, i_bias), "cfx_gradset_ready") &&
+             check(cfx_gradset_ready(set, i_weights), "cfx_gradset_ready") &&
+             check(cfx_gradset_wait(set, -1), "cfx_gradset_wait");
+        for (int j = 0; j < FEATURES && ok; j++)
+            w[j] -= LEARNING_RATE * gw[j];
+        if (ok)
+            w[FEATURES] -= LEARNING_RATE * *gb;
         if (ok && rank == 0)
-            printf("epoch %3d  loss %.6f\n", epoch + 1, grad[FEATURES + 1]);
+            printf("epoch %3d  loss %.6f\n", epoch + 1, *gloss);
     }
 
     /* Every rank must now hold bitwise the same weights. */
@@ -128,6 +153,7 @@ int main(int argc, char **argv)
     ok = ok && allreduce(ctx, "weights.identical", &flag, 1, CFX_OP_MIN);
     if (rank == 0)
         printf("weights identical on all %d ranks: %s\n", size, ok && flag == 1.0 ? "yes" : "NO");
+    cfx_gradset_free(set);
     cfx_shutdown(ctx);
     cfx_context_free(ctx);
     free(x);
