@@ -208,3 +208,68 @@ def test_timeout_is_reported():
     r = run_cfxrun("--timeout", "1", "-np", "2", "sleep", "30")
     assert r.returncode == 110
     assert "timed out after 1 s" in r.stderr
+
+
+# ---- failures on other hosts (mpirun's reports as Open MPI 4.1 prints them) ---------------------
+
+DAEMONS = """--------------------------------------------------------------------------
+ORTE was unable to reliably start one or more daemons.
+This usually is caused by:
+--------------------------------------------------------------------------"""
+
+
+@pytest.mark.parametrize("report, detail", [
+    ("ssh: Could not resolve hostname nodex: Name or service not known\n" + DAEMONS,
+     "cannot start ranks on host nodex: its name does not resolve (Name or service not known)"),
+    ("ssh: connect to host node2 port 22: No route to host\n" + DAEMONS,
+     "cannot reach host node2: No route to host"),
+    ("root@node2: Permission denied (publickey,password).\n" + DAEMONS,
+     "host node2 refused the login (publickey,password): set up passwordless ssh to it"),
+    ("A process or daemon was unable to complete a TCP connection\nto another process:\n"
+     "  Local host:    node2\n  Remote host:   node1\nThis is usually caused by a firewall\n" + DAEMONS,
+     "host node2 cannot open a TCP connection to host node1 (is the network between them up, and do "
+     "btl_tcp_if_include / oob_tcp_if_include name it?)"),
+    ("None of the TCP networks specified to be included for out-of-band communications\n"
+     "could be found:\n\n  Value given: ib0\n\nPlease revise the specification and try again.\n",
+     "a host has no network interface matching oob_tcp_if_include=ib0"),
+    ("ORTE has lost communication with a remote daemon.\n\n"
+     "  HNP daemon   : [[25368,0],0] on node node1\n  Remote daemon: [[25368,0],1] on node node2\n",
+     "lost contact with host node2 (mpirun's daemon there)"),
+    (DAEMONS, "mpirun could not start, or lost, its daemon on host node2: the launch agent's session "
+              "(ssh) to it ended"),
+])
+def test_failures_on_other_hosts_are_named(cfxrun, report, detail, monkeypatch):
+    monkeypatch.setattr(cfxrun.socket, "gethostname", lambda: "node1")
+    line = cfxrun.describe_failure(1, report.splitlines(), None, ["node1", "node2"])
+    assert line == f"job failed with exit status 1: {detail}"
+
+
+def test_a_dead_rank_is_named_before_its_lost_daemon(cfxrun):
+    report = ("mpirun noticed that process rank 2 with PID 77 on node b exited on signal 9 (Killed).\n"
+              + DAEMONS)
+    assert cfxrun.describe_failure(137, report.splitlines(), None, ["a", "b"]) == \
+        "job failed with exit status 137: rank 2 on b died of signal 9 (Killed)"
+
+
+def test_remote_hosts(cfxrun, monkeypatch, tmp_path):
+    monkeypatch.setattr(cfxrun.socket, "gethostname", lambda: "n1.cluster")
+    opts = cfxrun.parse_args(["-np", "4", "-H", "n1:2,n2:1,n3", "x"])
+    assert cfxrun.remote_hosts(cfxrun.job_hosts(opts)) == ["n2", "n3"]
+    hf = tmp_path / "hosts"
+    hf.write_text("# cluster\nlocalhost slots=2\nn1 slots=2\nn4 slots=2 max_slots=4\n")
+    opts = cfxrun.parse_args(["-np", "4", "--hostfile", str(hf), "x"])
+    assert cfxrun.remote_hosts(cfxrun.job_hosts(opts)) == ["n4"]
+    # Several candidates are all named when mpirun does not say which daemon it lost.
+    line = cfxrun.describe_failure(1, DAEMONS.splitlines(), None, ["n1", "n2", "n3"])
+    assert line.endswith("its daemon on one of the hosts n2, n3: the launch agent's session (ssh) "
+                         "to it ended")
+
+
+@needs_mpirun
+def test_output_passes_through_unchanged():
+    # mpirun's stdout goes through cfxrun (it reads Open MPI's reports there): a line without its
+    # newline, and the bytes of every rank, arrive as the ranks wrote them.
+    r = run_cfxrun("-np", "2", "--", "sh", "-c", 'printf "r$OMPI_COMM_WORLD_RANK."; printf "e" >&2')
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.split(".")) == ["", "r0", "r1"]
+    assert r.stderr == "ee"
