@@ -91,6 +91,20 @@ class Job:
             start = max(ends.values())
         return start
 
+    def buckets(self, t, name, nbuckets, coll_us=COLL_US):
+        """One step of gradient set `name` as the engine records it: on each bucket's lane
+        "<name>.bucket<k>" an ALLREDUCE slice only, the buckets one after the other on every rank.
+        Returns the end."""
+        for b in range(nbuckets):
+            lane = "%s.bucket%d" % (name, b)
+            for r in range(self.nranks):
+                index = self.count.get((r, lane), 0)
+                self.count[(r, lane)] = index + 1
+                self._slice(r, lane, index, "collective", "ALLREDUCE", t, t + coll_us,
+                            {"bytes": 4096 * nbuckets, "fused": nbuckets})
+            t += coll_us
+        return t
+
     def step(self, t, grads, ranks=None, offset_us=None, dt=100.0, stall=None, skip=None,
              coll_us=None):
         """One training step from time t: every rank in `ranks` submits `grads` in order (rank r

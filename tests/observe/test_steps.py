@@ -132,23 +132,30 @@ class StepFinder(unittest.TestCase):
         self.assertEqual(analysis(job).steps.warmup, 1)  # step 0 always
 
     def test_gradient_set_lanes(self):
-        # buckets of a gradient set repeat less often than a per-step loss tensor: still the step
+        # a gradient set's buckets (collective slices on "<set>.bucket<k>" lanes, as the engine
+        # writes them) repeat less often than a loss allreduced twice a step: still the step
         job = synth.Job(2)
         t = 0.0
-        buckets = ("gradset:model/0", "gradset:model/1")
-        for k in range(12):  # the loss twice a step, under one name
+        buckets = ["model.bucket0", "model.bucket1", "model.bucket2"]
+        for k in range(12):
             t = job.step(t, ("loss",)) + 10.0
             t = job.step(t, ("loss",)) + 10.0
-            t = job.step(t, buckets) + 200.0
+            t = job.buckets(t, "model", 3) + 200.0
         an = analysis(job)
-        self.assertEqual(an.steps.names, list(buckets))
-        self.assertIn("gradient set", an.steps.source)
+        self.assertEqual(an.steps.names, buckets)
+        self.assertIn("gradient sets", an.steps.source)
         self.assertEqual(len(an.steps.steps), 12)
+        self.assertTrue(all(s.complete for s in an.steps.steps))
         self.assertEqual([o.name for o in an.steps.others], ["loss"])
         self.assertEqual(an.steps.others[0].count, 24)
-        # without the prefix the most repeated set (loss) would be the step
-        st = cfx.Analysis(job.all_events(), gradset_prefixes=("none:",)).steps
-        self.assertEqual(st.names, ["loss"])
+        path = an.path(an.steps.median)  # the buckets' collectives, one after the other
+        self.assertEqual([(p.kind, p.tensor) for p in path],
+                         [("collective", b) for b in buckets])
+        self.assertAlmostEqual(sum(p.length for p in path), 3 * synth.COLL_US, places=6)
+        # with no gradient-set lanes looked for, the most repeated set (loss) is the step
+        self.assertEqual(cfx.Analysis(job.all_events(), gradset_lanes=None).steps.names, ["loss"])
+        st = cfx.Analysis(job.all_events(), gradset_lanes=r"^model\.bucket[02]$").steps
+        self.assertEqual(st.names, ["model.bucket0", "model.bucket2"])
 
     def test_forced_step_tensors(self):
         job = synth.training(nranks=2, steps=10, metrics_every=2)

@@ -9,11 +9,11 @@
 """
 from .load import Loaded, load, load_all, load_text, merge
 from .model import PHASES, build
-from .steps import GRADSET_PREFIXES, find_steps
+from .steps import GRADSET_LANES, find_steps
 from .summary import Analysis, analyze, print_summary, summarize
 
 __all__ = ["Loaded", "load", "load_all", "load_text", "merge", "PHASES", "build",
-           "GRADSET_PREFIXES", "find_steps", "Analysis", "analyze", "print_summary", "summarize",
+           "GRADSET_LANES", "find_steps", "Analysis", "analyze", "print_summary", "summarize",
            "main"]
 
 

@@ -15,10 +15,11 @@ the middle of a write): the loader accepts both, drops the cut record and says s
 import argparse
 import json
 import os
+import re
 import sys
 
 from .load import load_all, merge
-from .steps import GRADSET_PREFIXES
+from .steps import GRADSET_LANES
 from .summary import Analysis, print_summary, summarize
 
 
@@ -36,12 +37,16 @@ def parse(argv):
     ap.add_argument("--steps", action="store_true", help="list every step (default: a selection)")
     ap.add_argument("--step-tensors", metavar="NAME,...",
                     help="the tensors that make a step (default: found from the data)")
-    ap.add_argument("--gradset-prefix", action="append", metavar="PREFIX",
-                    help="lane names of a gradient set's buckets start with PREFIX (default %s)"
-                         % ", ".join(GRADSET_PREFIXES))
+    ap.add_argument("--gradset-lanes", metavar="REGEX", default=GRADSET_LANES,
+                    help="the lanes of a gradient set's buckets match REGEX (default %s; '' for "
+                         "none)" % GRADSET_LANES.replace("%", "%%"))
     a = ap.parse_args(argv)
     if a.top < 0:
         ap.error("--top must be >= 0")
+    try:
+        re.compile(a.gradset_lanes)
+    except re.error as e:
+        ap.error("--gradset-lanes %r is not a regular expression: %s" % (a.gradset_lanes, e))
     return a
 
 
@@ -58,7 +63,7 @@ def main(argv=None):
         merge(a.files, a.merge)
     names = [n.strip() for n in a.step_tensors.split(",") if n.strip()] if a.step_tensors else None
     try:
-        an = Analysis(events, tuple(a.gradset_prefix or GRADSET_PREFIXES), names)
+        an = Analysis(events, a.gradset_lanes or None, names)
     except ValueError as e:
         sys.stderr.write("cfx-timeline: %s\n" % e)
         return 1

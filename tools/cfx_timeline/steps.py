@@ -4,9 +4,10 @@ A training loop submits its gradients once per step under the same names, and ot
 often: metrics every N steps, epoch averages, a broadcast of the parameters at the start, a final
 check. So the step is found from the data:
 
-- the candidates are the gradient set's lanes when the timeline has any (names starting with a
-  gradient-set prefix, GRADSET_PREFIXES: the engine names a gradient set's buckets that way), else
-  every tensor name (the shared overflow lane "(more tensors)" never counts);
+- the candidates are the gradient sets' bucket lanes when the timeline has any (names that match
+  GRADSET_LANES: the engine names a gradient set's buckets "<set>.bucket<k>", and records their
+  collectives on those lanes), else every tensor name (the shared overflow lane "(more tensors)"
+  never counts);
 - a name's count is its number of submissions on the rank that submitted it most;
 - the step set is the names whose count is within step_slack() of the largest count (so a last step
   cut short by a kill, or one tensor missing once, does not split the set); every other name is an
@@ -22,11 +23,12 @@ check. So the step is found from the data:
   median wall time (the lower one of an even count).
 """
 import bisect
+import re
 from collections import defaultdict
 
 from .model import OVERFLOW_LANE
 
-GRADSET_PREFIXES = ("gradset:",)
+GRADSET_LANES = r"\.bucket[0-9]+$"  # capi/src/api/gradset.c: "<set>.bucket<k>"
 
 
 def step_slack(cmax):
@@ -196,11 +198,12 @@ class Steps:
         return [self.steps[k].wall for k in self.steady]
 
 
-def _candidates(tl, prefixes):
+def _candidates(tl, pattern):
     names = [n for n in tl.names if n != OVERFLOW_LANE]
-    grad = [n for n in names if any(n.startswith(p) for p in prefixes)]
+    match = re.compile(pattern).search if pattern else None
+    grad = [n for n in names if match and match(n)]
     if grad:
-        return grad, "the gradient set's lanes (%s...)" % ", ".join(prefixes)
+        return grad, "the gradient sets' bucket lanes"
     return names, "the tensor set that repeats most"
 
 
@@ -218,8 +221,10 @@ def _warmup(walls):
     return w
 
 
-def find_steps(tl, gradset_prefixes=GRADSET_PREFIXES, step_names=None):
-    """The steps of Timeline `tl`. step_names: force the step set (a list of names)."""
+def find_steps(tl, gradset_lanes=GRADSET_LANES, step_names=None):
+    """The steps of Timeline `tl`. gradset_lanes: the regular expression that a gradient set's
+    bucket lanes match (None: no gradient sets); step_names: force the step set (a list of
+    names)."""
     st = Steps()
     counts = {n: max(tl.count(r, n) for r in tl.ranks) for n in tl.names}
     if step_names:
@@ -229,7 +234,7 @@ def find_steps(tl, gradset_prefixes=GRADSET_PREFIXES, step_names=None):
         chosen = list(step_names)
         st.source = "the names given"
     else:
-        pool, st.source = _candidates(tl, gradset_prefixes)
+        pool, st.source = _candidates(tl, gradset_lanes)
         cmax = max((counts[n] for n in pool), default=0)
         chosen = [n for n in pool if counts[n] >= cmax - step_slack(cmax)] if cmax else []
     chosen_set = set(chosen)

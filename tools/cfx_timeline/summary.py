@@ -5,7 +5,7 @@ from collections import defaultdict
 
 from . import critical
 from .model import OVERFLOW_LANE, PHASES, build
-from .steps import GRADSET_PREFIXES, find_steps, median, quantile, union_length
+from .steps import GRADSET_LANES, find_steps, median, quantile, union_length
 
 PATH_SAMPLE = 64  # steady-state steps whose critical path is traced for the shares (spread out)
 
@@ -19,9 +19,9 @@ def sample(indices, n=PATH_SAMPLE):
 class Analysis:
     """The timeline, its steps and the critical paths: what the text, JSON and picture share."""
 
-    def __init__(self, events, gradset_prefixes=GRADSET_PREFIXES, step_names=None):
+    def __init__(self, events, gradset_lanes=GRADSET_LANES, step_names=None):
         self.tl = build(events)
-        self.steps = find_steps(self.tl, gradset_prefixes, step_names)
+        self.steps = find_steps(self.tl, gradset_lanes, step_names)
         self._paths = {}
         self.path_steps = sample(self.steps.steady)
 
@@ -127,9 +127,9 @@ def summarize(an):
     return out
 
 
-def analyze(events, gradset_prefixes=GRADSET_PREFIXES, step_names=None):
+def analyze(events, gradset_lanes=GRADSET_LANES, step_names=None):
     """The summary dict of a list of trace events."""
-    return summarize(Analysis(events, gradset_prefixes, step_names))
+    return summarize(Analysis(events, gradset_lanes, step_names))
 
 
 def _ms(us):
