@@ -191,24 +191,40 @@ static PyObject *cfx_py_tensor_tuple(const cfx_tensor *t) {
     return Py_BuildValue("(NiNi)", PyLong_FromVoidPtr(t->data), (int)t->dtype, shape, (int)t->device);
 }
 
-/* Waits for `handle` with the GIL released, in slices so that signals (Ctrl-C) are seen. Returns
- * None, or raises the collective's error with its message (the handle's message, not last_error). */
-static PyObject *cfx_py_wait(cfx_context *ctx, uint64_t handle, double timeout_s) {
+/* Calls wait(arg, t) with the GIL released, in slices of at most 0.25 s so that signals (Ctrl-C)
+ * are seen, until it returns anything but CFX_ERR_TIMEOUT or `timeout_s` (< 0: no limit) passed.
+ * -1 when a signal handler raised (the Python error is set). */
+static int cfx_py_wait_sliced(cfx_status (*wait)(void *, double), void *arg, double timeout_s,
+                              cfx_status *st) {
     const double slice = 0.25;
     double left = timeout_s;
-    cfx_status st;
     for (;;) {
         double t = (timeout_s < 0 || left > slice) ? slice : left;
         Py_BEGIN_ALLOW_THREADS
-        st = cfx_wait(ctx, (cfx_handle)handle, t);
+        *st = wait(arg, t);
         Py_END_ALLOW_THREADS
-        if (st != CFX_ERR_TIMEOUT) break;
+        if (*st != CFX_ERR_TIMEOUT) return 0;
         if (timeout_s >= 0) {
             left -= t;
-            if (left <= 0) break;
+            if (left <= 0) return 0;
         }
-        if (PyErr_CheckSignals() < 0) return NULL;
+        if (PyErr_CheckSignals() < 0) return -1;
     }
+}
+
+typedef struct cfx_py_handle_ref { cfx_context *ctx; uint64_t handle; } cfx_py_handle_ref;
+
+static cfx_status cfx_py_wait_handle(void *arg, double t) {
+    cfx_py_handle_ref *h = arg;
+    return cfx_wait(h->ctx, (cfx_handle)h->handle, t);
+}
+
+/* Waits for `handle` (cfx_py_wait_sliced). Returns None, or raises the collective's error with its
+ * message (the handle's message, not last_error). */
+static PyObject *cfx_py_wait(cfx_context *ctx, uint64_t handle, double timeout_s) {
+    cfx_py_handle_ref ref = {ctx, handle};
+    cfx_status st;
+    if (cfx_py_wait_sliced(cfx_py_wait_handle, &ref, timeout_s, &st) < 0) return NULL;
     if (st == CFX_OK) Py_RETURN_NONE;
     const char *msg = NULL;
     if (st != CFX_ERR_TIMEOUT && st != CFX_ERR_STALE_HANDLE && st != CFX_ERR_NOT_INITIALIZED)
@@ -281,6 +297,19 @@ static PyObject *cfx_py_raise_status(int status, const char *message) {
     cfx_py_raise(status, message);
     return NULL;
 }
+
+/* ---- gradient sets ---- */
+
+static cfx_status cfx_py_wait_gradset(void *set, double t) { return cfx_gradset_wait(set, t); }
+
+/* cfx_gradset_wait (cfx_py_wait_sliced); raises the step's error with its message. */
+static PyObject *cfx_py_gradset_wait(cfx_gradset *set, double timeout_s) {
+    cfx_status st;
+    if (cfx_py_wait_sliced(cfx_py_wait_gradset, set, timeout_s, &st) < 0) return NULL;
+    if (st == CFX_OK) Py_RETURN_NONE;
+    cfx_py_raise((int)st, cfx_last_error());
+    return NULL;
+}
 %}
 
 %init %{
@@ -308,6 +337,13 @@ static PyObject *cfx_py_raise_status(int status, const char *message) {
 %typemap(argout) cfx_handle *out {
     $result = SWIG_Python_AppendOutput($result, PyLong_FromUnsignedLongLong((unsigned long long)tmp$argnum));
 }
+%typemap(in, numinputs=0) cfx_gradset **out (cfx_gradset *tmp = NULL) { $1 = &tmp; }
+%typemap(argout) cfx_gradset **out {
+    $result = SWIG_Python_AppendOutput($result, SWIG_NewPointerObj(SWIG_as_voidptr(tmp$argnum),
+                                                                   $descriptor(cfx_gradset *), 0));
+}
+%typemap(in, numinputs=0) int32_t *out (int32_t tmp = 0) { $1 = &tmp; }
+%typemap(argout) int32_t *out { $result = SWIG_Python_AppendOutput($result, PyLong_FromLong(tmp$argnum)); }
 %typemap(in, numinputs=0) int *out (int tmp = 0) { $1 = &tmp; }
 %typemap(argout) int *out { $result = SWIG_Python_AppendOutput($result, PyLong_FromLong(tmp$argnum)); }
 %typemap(in, numinputs=0) size_t *out (size_t tmp = 0) { $1 = &tmp; }
@@ -333,7 +369,8 @@ static PyObject *cfx_py_raise_status(int status, const char *message) {
 
 /* ---- inputs ---- */
 %typemap(in) const cfx_tensor *input (cfx_tensor tmp, int64_t shape[CFX_MAX_NDIM]),
-             const cfx_tensor *tensor (cfx_tensor tmp, int64_t shape[CFX_MAX_NDIM]) {
+             const cfx_tensor *tensor (cfx_tensor tmp, int64_t shape[CFX_MAX_NDIM]),
+             const cfx_tensor *grad (cfx_tensor tmp, int64_t shape[CFX_MAX_NDIM]) {
     if (cfx_py_tensor($input, &tmp, shape) < 0) SWIG_fail;
     $1 = &tmp;
 }
@@ -402,6 +439,7 @@ static PyObject *cfx_py_raise_status(int status, const char *message) {
 /* Replaced by the helpers below (their status is the collective's, not a call error). */
 %ignore cfx_wait;
 %ignore cfx_handle_status;
+%ignore cfx_gradset_wait;
 
 /* The header is included here (SWIG includes a file once) so that the helpers below see its types;
  * the common part's own %include of it is then a no-op. */
@@ -410,7 +448,9 @@ static PyObject *cfx_py_raise_status(int status, const char *message) {
 %nothread cfx_py_wait;
 %nothread cfx_py_raise_status;
 %nothread cfx_py_alloc;
+%nothread cfx_py_gradset_wait;
 PyObject *cfx_py_wait(cfx_context *ctx, uint64_t handle, double timeout_s);
 PyObject *cfx_py_alloc(size_t bytes);
+PyObject *cfx_py_gradset_wait(cfx_gradset *set, double timeout_s);
 int cfx_py_handle_status(cfx_context *ctx, uint64_t handle);
 PyObject *cfx_py_raise_status(int status, const char *message);

@@ -12,7 +12,8 @@ Every collective exists as a blocking function and an `_async` form that returns
 Errors decided across ranks (a mismatch, a stall, a lost peer, shut down) raise ConfluxError
 subclasses at synchronize on every rank; bad local arguments raise ValueError/TypeError at the call.
 `shared_array` allocates arrays in shared tensor memory, which makes large CPU allreduces on one
-host cheaper. PyTorch: `conflux.torch`; Horovod scripts: `conflux.horovod.torch`.
+host cheaper. `GradientSet` registers a model's gradients once and reduces them every step.
+PyTorch: `conflux.torch`; Horovod scripts: `conflux.horovod.torch`.
 """
 import math as _math
 
@@ -35,7 +36,7 @@ __version__ = _core.version()
 
 __all__ = list(_core.BASE_NAMES) + list(_ops.NAMES) + [
     "barrier", "barrier_async", "join", "join_async", "poll", "synchronize", "Handle",
-    "shared_array",
+    "shared_array", "GradientSet",
 ] + list(_core.ERROR_NAMES)
 
 # ---- numpy dtypes <-> ABI dtypes ----
@@ -165,3 +166,7 @@ def barrier():
 def join():
     """Declares that this rank has no more data; returns the rank that joined last once all did."""
     return join_async().wait()
+
+
+# ---- gradient sets ----
+from .gradset import GradientSet  # noqa: E402  (needs the helpers above)
