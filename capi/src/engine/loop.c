@@ -6,6 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 #include "protocol/cache.h"
 #include "exec/device_exec.h"
@@ -522,22 +525,66 @@ static cfx_status cycle(cx_loop *L, bool *progress, bool *stop)
     return st;
 }
 
+/* Bounded adaptive spinning. After a cycle that did work the thread polls the queue (lock-free)
+ * for a while before it sleeps, so a request submitted soon after the last one does not pay a
+ * futex wake-up. The budget adapts: doubled (up to SPIN_MAX_S) when a spin caught work, halved
+ * (down to SPIN_MIN_S) when it ran out; after SPIN_WINDOW_S without progress the thread does not
+ * spin at all, so an idle context stays asleep and a rank waiting on a slow peer stops polling. */
+#define SPIN_MIN_S 2e-6
+#define SPIN_MAX_S 100e-6
+#define SPIN_WINDOW_S 2e-3
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Polls for new work for up to budget_s; true when some arrived. */
+static bool spin_for_work(cx_queue *q, double budget_s)
+{
+    double end = now_s() + budget_s;
+    for (unsigned i = 0;; i++) {
+        if (cx_queue_has_new(q))
+            return true;
+        cpu_relax();
+        if ((i & 31) == 31 && now_s() >= end)
+            return false;
+    }
+}
+
 void *cx_loop_main(void *arg)
 {
     cx_loop *L = arg;
     const cx_loop_env *env = &L->env;
     int idle_streak = 0;
     bool stop = false;
+    double spin_s = SPIN_MAX_S / 4, last_progress = -INFINITY;
+#ifdef PR_SET_TIMERSLACK
+    prctl(PR_SET_TIMERSLACK, 1000ul); /* the back-off's microsecond sleeps, not the default 50 us */
+#endif
     while (!stop) {
         double cycle_s = env->cfg->cycle_time_ms * 1e-3; /* autotune may change it */
         if (!cx_queue_has_new(env->queue) && !atomic_load(env->shutdown_requested)) {
-            if (cx_queue_in_flight(env->queue) == 0 && !cx_gradsets_busy(env->gradsets))
+            bool caught = false;
+            if (now_s() - last_progress < SPIN_WINDOW_S) {
+                caught = spin_for_work(env->queue, spin_s);
+                spin_s = caught ? fmin(2 * spin_s, SPIN_MAX_S) : fmax(spin_s / 2, SPIN_MIN_S);
+            }
+            if (caught)
+                ;
+            else if (cx_queue_in_flight(env->queue) == 0 && !cx_gradsets_busy(env->gradsets))
                 cx_queue_wait(env->queue, cycle_s);
             else if (idle_streak > 0) /* our tensors wait for other ranks: back off */
                 cx_queue_wait(env->queue, fmin(cycle_s, 1e-6 * (double)(1 << (idle_streak < 10 ? idle_streak : 10))));
         }
         bool progress = false;
         cfx_status st = cycle(L, &progress, &stop);
+        if (progress)
+            last_progress = now_s();
         if (st) {
             char reason[CX_ERROR_MAX];
             snprintf(reason, sizeof reason, "the background thread stopped after an error: %s",

@@ -82,7 +82,9 @@ cfx_status cx_queue_push(cx_queue *q, cx_entry **entries, size_t n)
             q->head = entries[i];
         q->tail = entries[i];
     }
-    pthread_cond_signal(&q->work_cv);
+    atomic_store(&q->has_work, 1);
+    if (atomic_load(&q->sleeping))
+        pthread_cond_signal(&q->work_cv);
     pthread_mutex_unlock(&q->mu);
     return CFX_OK;
 }
@@ -92,7 +94,7 @@ cx_entry *cx_queue_pop_new(cx_queue *q)
     pthread_mutex_lock(&q->mu);
     cx_entry *head = q->head;
     q->head = q->tail = NULL;
-    q->wake = false;
+    atomic_store(&q->has_work, 0);
     pthread_mutex_unlock(&q->mu);
     return head;
 }
@@ -113,23 +115,21 @@ void cx_queue_wait(cx_queue *q, double timeout_s)
     ts.tv_sec += (time_t)(ns / 1000000000ll);
     ts.tv_nsec = (long)(ns % 1000000000ll);
     pthread_mutex_lock(&q->mu);
-    if (!q->head && !q->wake)
+    atomic_store(&q->sleeping, 1);
+    if (!atomic_load(&q->has_work))
         pthread_cond_timedwait(&q->work_cv, &q->mu, &ts);
+    atomic_store(&q->sleeping, 0);
     pthread_mutex_unlock(&q->mu);
 }
 
-bool cx_queue_has_new(cx_queue *q)
-{
-    pthread_mutex_lock(&q->mu);
-    bool any = q->head != NULL || q->wake;
-    pthread_mutex_unlock(&q->mu);
-    return any;
-}
+bool cx_queue_has_new(cx_queue *q) { return atomic_load(&q->has_work) != 0; }
 
 void cx_queue_wake(cx_queue *q)
 {
+    atomic_store(&q->has_work, 1);
+    if (!atomic_load(&q->sleeping))
+        return; /* awake: it sees has_work before it could sleep (cx_queue_wait) */
     pthread_mutex_lock(&q->mu);
-    q->wake = true;
     pthread_cond_signal(&q->work_cv);
     pthread_mutex_unlock(&q->mu);
 }

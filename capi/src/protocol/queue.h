@@ -12,6 +12,7 @@
 #define CFX_QUEUE_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -36,7 +37,12 @@ typedef struct cx_queue {
     pthread_cond_t work_cv;
     cx_strmap table;       /* name -> cx_entry, every entry not yet completed */
     cx_entry *head, *tail; /* pushed, not yet popped by the background thread */
-    bool wake;             /* a wake-up not tied to an entry (shutdown, timeline) */
+    /* Entries pushed or a wake-up (shutdown, timeline, a gradient-set bucket) since the background
+     * thread last popped, readable without the lock; and whether that thread sleeps on work_cv: a
+     * waker that sees it awake only sets has_work (no lock, no syscall). Both sides store their
+     * flag, then load the other's (seq_cst), so no wake-up is lost. */
+    atomic_int has_work;
+    atomic_int sleeping;
     bool closed;           /* shut down: pushes are refused */
     char close_reason[512];
 } cx_queue;
@@ -58,7 +64,9 @@ cx_entry *cx_queue_take(cx_queue *q, const char *name);
 
 /* Sleeps until an entry is pushed, cx_queue_wake is called, or timeout_s passes. */
 void cx_queue_wait(cx_queue *q, double timeout_s);
+/* Lock-free: whether an entry or a wake-up is waiting for the background thread. */
 bool cx_queue_has_new(cx_queue *q);
+/* Any thread: wakes the background thread (lock-free when it is not asleep). */
 void cx_queue_wake(cx_queue *q);
 
 /* Refuses further pushes (CFX_ERR_SHUT_DOWN with `reason`) and returns every entry of the table
