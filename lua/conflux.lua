@@ -508,6 +508,117 @@ end
 
 --- cfx.shutdown() leaves the job (collective): pending handles fail with kind "shut_down", the
 -- context is freed, and cfx.init() may be called again. A no-op when not initialized.
+-- ---- gradient sets -------------------------------------------------------------------------------
+
+local GradientSet = {}
+GradientSet.__index = GradientSet
+GradientSet.__name = "conflux.gradient_set"
+local gradsets = setmetatable({}, { __mode = "k" })  -- live sets: freed before the context goes
+
+local function gs_native(self, level)
+  if not self._set then raise(1, "gradient set '" .. self.name .. "' was freed", level + 1) end
+  if not ctx then raise(2, "conflux is not initialized: call conflux.init() first", level + 1) end
+  return self._set
+end
+
+--- cfx.gradient_set{ name = ..., op = "average", bucket_bytes = 0, accumulate_steps = 1,
+-- prescale = 1, postscale = 1, owned = true }: a set of gradients registered once and reduced
+-- together every step (docs/lua.md "Gradient sets").
+function M.gradient_set(opts)
+  if type(opts) ~= "table" or type(opts.name) ~= "string" then
+    argerror("cfx.gradient_set{ name = ... } needs a name (the same on every rank)", 2)
+  end
+  local c = context(2)
+  local owned = opts.owned
+  if owned == nil then owned = true end
+  local set, st, msg = core.gradset_new(c, opts.name, op_code(opts.op or "average", 2),
+                                        opts.bucket_bytes, opts.accumulate_steps, opts.prescale,
+                                        opts.postscale, owned)
+  if not set then raise(st, msg, 2) end
+  local self = setmetatable({ name = opts.name, owned = owned, _set = set, _index = {},
+                              _count = 0 }, GradientSet)
+  gradsets[self] = true
+  return self
+end
+
+--- gs:add(name, shape, dtype) (owned) or gs:add(name, array [, shape]) (borrowed) -> index (1-based).
+-- shape: an integer or a table of integers; dtype defaults to "float32".
+function GradientSet:add(name, shape, dtype)
+  local set = gs_native(self, 2)
+  if type(name) ~= "string" then argerror("a gradient needs a name", 2) end
+  local array = nil
+  if core.is_array(shape) then
+    array, shape, dtype = shape, dtype or { #shape }, shape:dtype()
+  end
+  if math.type(shape) == "integer" then shape = { shape } end
+  if type(shape) ~= "table" then argerror("add('" .. name .. "') needs a shape", 2) end
+  local i, st, msg = core.gradset_add(set, name, dtype_code(dtype or "float32", 2), shape, array)
+  if not i then raise(st, "gradient '" .. name .. "': " .. msg, 2) end
+  self._index[name] = i
+  self._count = math.max(self._count, i)
+  return i
+end
+
+--- gs:commit(): collective; checks every rank's registration (a "mismatch" error naming the
+-- gradient on every rank) and plans the buckets; owned storage starts zeroed.
+function GradientSet:commit()
+  local ok, st, msg = core.gradset_commit(gs_native(self, 2))
+  if not ok then raise(st, msg, 2) end
+  self._committed = true
+  return self
+end
+
+local function gs_index(self, i, level)
+  if type(i) == "string" then
+    local k = self._index[i]
+    if not k then argerror("gradient set '" .. self.name .. "' has no gradient '" .. i .. "'", level + 1) end
+    return k
+  end
+  if math.type(i) ~= "integer" or i < 1 or i > self._count then
+    argerror("gradient set '" .. self.name .. "' has " .. self._count .. " gradients; index " ..
+             tostring(i) .. " is out of range", level + 1)
+  end
+  return i
+end
+
+--- gs:array(i | name) -> the gradient's cfx.array (owned: a view of the set's storage, after
+-- commit; it raises "freed" once the set is freed). Shaped gradients are flat (row-major).
+function GradientSet:array(i)
+  local set = gs_native(self, 2)
+  local a = core.gradset_array(set, gs_index(self, i, 2))
+  if not a then raise(1, "gradient set '" .. self.name .. "' is not committed; its storage exists after commit()", 2) end
+  return a
+end
+
+--- gs:ready(i | name): the gradient was produced for this pass.
+function GradientSet:ready(i)
+  local set = gs_native(self, 2)
+  local ok, st, msg = core.gradset_ready(set, gs_index(self, i, 2))
+  if not ok then raise(st, msg, 2) end
+end
+
+--- gs:wait([timeout_s]): ends the step; the results are in place. A "timeout" error leaves the
+-- step pending (call again).
+function GradientSet:wait(timeout_s)
+  local st, msg = core.gradset_wait(gs_native(self, 2), timeout_s or -1)
+  if st ~= 0 then raise(st, msg, 2) end
+end
+
+--- gs:free(): releases the set on this rank (every rank must); its owned arrays become unusable.
+function GradientSet:free()
+  if self._set then
+    core.gradset_free(self._set)
+    self._set = nil
+    gradsets[self] = nil
+  end
+end
+GradientSet.__close = GradientSet.free
+
+function GradientSet:__tostring()
+  return string.format("conflux.gradient_set('%s', %d gradients%s)", self.name, self._count,
+                       not self._set and ", freed" or self._committed and ", committed" or "")
+end
+
 function M.shutdown()
   if not ctx then return end
   core.cfx_shutdown(ctx)
@@ -524,6 +635,7 @@ function M.shutdown()
     end
   end
   detached = {}
+  for gs in pairs(gradsets) do gs:free() end  -- a set must not outlive its context
   core.cfx_context_free(ctx)
   ctx = nil
 end

@@ -43,6 +43,15 @@
 %ignore cfx_alloc;
 %ignore cfx_free;
 %ignore cfx_is_shared; /* arrays know where their elements are (array_state) */
+%ignore cfx_gradset_options; /* gradient sets: the gradset_* natives below */
+%ignore cfx_gradset_options_init;
+%ignore cfx_gradset_create;
+%ignore cfx_gradset_add;
+%ignore cfx_gradset_commit;
+%ignore cfx_gradset_data;
+%ignore cfx_gradset_ready;
+%ignore cfx_gradset_wait;
+%ignore cfx_gradset_free;
 
 %{
 #include <math.h>
@@ -650,6 +659,196 @@ static int cfxl_join_rank(lua_State *L) {
     return 1;
 }
 
+/* ---- gradient sets ----
+ * userdata "conflux.gradset" (cfx_gradset *); its user value is a table index -> the gradient's
+ * array (borrowed: the caller's; owned: after commit, a header-only "conflux.array" whose elements
+ * are the set's storage and whose user value is the set, so the set lives while any view does).
+ * Before commit an owned entry is {dtype, n}. free and __gc detach every view (its data NULL, so
+ * it raises "freed" instead of touching released memory) before cfx_gradset_free. */
+#define CFXL_GRADSET "conflux.gradset"
+
+typedef struct cfxl_gradset {
+    cfx_gradset *set;
+    int owned;
+} cfxl_gradset;
+
+static cfxl_gradset *cfxl_check_gradset(lua_State *L, int idx) {
+    cfxl_gradset *g = (cfxl_gradset *)luaL_checkudata(L, idx, CFXL_GRADSET);
+    if (!g->set) luaL_argerror(L, idx, "the gradient set was freed");
+    return g;
+}
+
+/* gradset_new(ctx, name, op, bucket_bytes, accumulate_steps, prescale, postscale, owned)
+ * -> set | nil, status, message */
+static int cfxl_gradset_new(lua_State *L) {
+    cfx_context *ctx = cfxl_ctx(L, 1);
+    const char *name = luaL_checkstring(L, 2);
+    cfx_gradset_options o;
+    cfxl_gradset *g;
+    cfx_status s = cfx_gradset_options_init(&o, CFX_GRADSET_OPTIONS_VERSION);
+    if (s != CFX_OK) return cfxl_fail_last(L, s);
+    o.op = (int32_t)luaL_optinteger(L, 3, o.op);
+    o.bucket_bytes = (int64_t)luaL_optinteger(L, 4, o.bucket_bytes);
+    o.accumulate_steps = (int32_t)luaL_optinteger(L, 5, o.accumulate_steps);
+    o.prescale = luaL_optnumber(L, 6, o.prescale);
+    o.postscale = luaL_optnumber(L, 7, o.postscale);
+    o.owned = lua_isnoneornil(L, 8) ? 1 : lua_toboolean(L, 8);
+    g = (cfxl_gradset *)lua_newuserdatauv(L, sizeof *g, 1);
+    g->set = NULL;
+    g->owned = o.owned;
+    luaL_setmetatable(L, CFXL_GRADSET); /* __gc before the set exists: nothing can leak */
+    lua_newtable(L);
+    lua_setiuservalue(L, -2, 1);
+    s = cfx_gradset_create(ctx, name, &o, &g->set);
+    if (s != CFX_OK) return cfxl_fail_last(L, s);
+    return 1;
+}
+
+/* gradset_add(set, name, dtype, shape (table of ints), array | nil) -> index (1-based) | nil, status,
+ * message. Owned sets take no array; borrowed sets need one of exactly the shape's element count. */
+static int cfxl_gradset_add(lua_State *L) {
+    cfxl_gradset *g = cfxl_check_gradset(L, 1);
+    const char *name = luaL_checkstring(L, 2);
+    int32_t dtype = (int32_t)luaL_checkinteger(L, 3), index = -1;
+    int64_t shape[CFX_MAX_NDIM], n = 1;
+    lua_Integer nd, i;
+    cfxl_array *a = NULL;
+    cfx_tensor t;
+    cfx_status s;
+    luaL_checktype(L, 4, LUA_TTABLE);
+    nd = luaL_len(L, 4);
+    if (nd > CFX_MAX_NDIM) return cfxl_fail(L, CFX_ERR_INVALID_ARGUMENT, "too many dimensions");
+    for (i = 0; i < nd; i++) {
+        int isnum;
+        lua_geti(L, 4, i + 1);
+        shape[i] = (int64_t)lua_tointegerx(L, -1, &isnum);
+        lua_pop(L, 1);
+        if (!isnum) return cfxl_fail(L, CFX_ERR_INVALID_ARGUMENT, "shape entries must be integers");
+        n *= shape[i];
+    }
+    if (!lua_isnoneornil(L, 5)) {
+        a = cfxl_check_array(L, 5);
+        if (g->owned)
+            return cfxl_fail(L, CFX_ERR_INVALID_ARGUMENT,
+                             "the set owns its storage: add takes a shape and dtype, not an array");
+        if (a->dtype != dtype || a->n != n)
+            return cfxl_fail(L, CFX_ERR_INVALID_ARGUMENT,
+                             "the array's dtype or length does not match the gradient's");
+    } else if (!g->owned) {
+        return cfxl_fail(L, CFX_ERR_INVALID_ARGUMENT, "a borrowed set (owned = false) needs an array");
+    }
+    t.data = a && a->n ? cfxl_data(a) : NULL;
+    t.shape = nd ? shape : NULL;
+    t.ndim = (int32_t)nd;
+    t.dtype = dtype;
+    t.device = CFX_DEVICE_CPU;
+    t.stream = NULL;
+    s = cfx_gradset_add(g->set, name, &t, &index);
+    if (s != CFX_OK) return cfxl_fail_last(L, s);
+    lua_getiuservalue(L, 1, 1);
+    if (a) {
+        lua_pushvalue(L, 5);
+    } else {
+        lua_createtable(L, 2, 0);
+        lua_pushinteger(L, dtype);
+        lua_seti(L, -2, 1);
+        lua_pushinteger(L, (lua_Integer)n);
+        lua_seti(L, -2, 2);
+    }
+    lua_seti(L, -2, (lua_Integer)index + 1);
+    lua_pushinteger(L, (lua_Integer)index + 1);
+    return 1;
+}
+
+/* gradset_commit(set) -> true | nil, status, message; owned sets get their views. */
+static int cfxl_gradset_commit(lua_State *L) {
+    cfxl_gradset *g = cfxl_check_gradset(L, 1);
+    lua_Integer i, n;
+    cfx_status s = cfx_gradset_commit(g->set);
+    if (s != CFX_OK) return cfxl_fail_last(L, s);
+    lua_getiuservalue(L, 1, 1);
+    n = luaL_len(L, -1);
+    for (i = 1; g->owned && i <= n; i++) {
+        cfxl_array *v;
+        void *data = NULL;
+        lua_geti(L, -1, i);
+        if (!lua_istable(L, -1)) { lua_pop(L, 1); continue; }
+        lua_geti(L, -1, 1);
+        lua_geti(L, -2, 2);
+        v = (cfxl_array *)lua_newuserdatauv(L, sizeof *v, 1);
+        v->dtype = (int32_t)lua_tointeger(L, -3);
+        v->n = (int64_t)lua_tointeger(L, -2);
+        v->elem = (int32_t)cfx_dtype_size((cfx_dtype)v->dtype);
+        s = cfx_gradset_data(g->set, (int32_t)(i - 1), &data);
+        if (s != CFX_OK) return cfxl_fail_last(L, s);
+        v->data = data;
+        luaL_setmetatable(L, CFXL_ARRAY);
+        lua_pushvalue(L, 1);
+        lua_setiuservalue(L, -2, 1);
+        lua_seti(L, -5, i);  /* views[i] = view */
+        lua_pop(L, 3);
+    }
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+/* gradset_array(set, i) -> the gradient's array (owned: nil before commit) */
+static int cfxl_gradset_array(lua_State *L) {
+    cfxl_check_gradset(L, 1);
+    lua_getiuservalue(L, 1, 1);
+    lua_geti(L, -1, luaL_checkinteger(L, 2));
+    if (lua_istable(L, -1)) lua_pushnil(L);
+    return 1;
+}
+
+/* gradset_ready(set, i) -> true | nil, status, message (i 1-based) */
+static int cfxl_gradset_ready(lua_State *L) {
+    cfxl_gradset *g = cfxl_check_gradset(L, 1);
+    cfx_status s = cfx_gradset_ready(g->set, (int32_t)(luaL_checkinteger(L, 2) - 1));
+    if (s != CFX_OK) return cfxl_fail_last(L, s);
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+/* gradset_wait(set [, timeout_s]) -> status, message */
+static int cfxl_gradset_wait(lua_State *L) {
+    cfxl_gradset *g = cfxl_check_gradset(L, 1);
+    cfx_status s = cfx_gradset_wait(g->set, luaL_optnumber(L, 2, -1.0));
+    lua_pushinteger(L, (lua_Integer)s);
+    lua_pushstring(L, s == CFX_OK ? "" : cfx_last_error());
+    return 2;
+}
+
+/* gradset_free(set): detaches the views and frees the set; a freed set is a no-op (also __gc). */
+static int cfxl_gradset_free(lua_State *L) {
+    cfxl_gradset *g = (cfxl_gradset *)luaL_checkudata(L, 1, CFXL_GRADSET);
+    if (!g->set) return 0;
+    if (g->owned) {
+        lua_Integer i, n;
+        lua_getiuservalue(L, 1, 1);
+        n = luaL_len(L, -1);
+        for (i = 1; i <= n; i++) {
+            cfxl_array *v;
+            lua_geti(L, -1, i);
+            v = (cfxl_array *)luaL_testudata(L, -1, CFXL_ARRAY);
+            if (v) v->data = NULL;
+            lua_pop(L, 1);
+        }
+        lua_pop(L, 1);
+    }
+    cfx_gradset_free(g->set);
+    g->set = NULL;
+    return 0;
+}
+
+static void cfxl_register_gradset(lua_State *L) {
+    if (luaL_newmetatable(L, CFXL_GRADSET)) {
+        lua_pushcfunction(L, cfxl_gradset_free);
+        lua_setfield(L, -2, "__gc");
+    }
+    lua_pop(L, 1);
+}
+
 /* Wall-clock seconds (C11 timespec_get), for timing loops in Lua (os.clock is CPU time). */
 static int cfxl_clock(lua_State *L) {
     struct timespec ts;
@@ -711,8 +910,16 @@ static int cfxl_bench_c_allreduce(lua_State *L) {
 %native(splits) int cfxl_splits(lua_State *L);
 %native(join_rank) int cfxl_join_rank(lua_State *L);
 %native(clock) int cfxl_clock(lua_State *L);
+%native(gradset_new) int cfxl_gradset_new(lua_State *L);
+%native(gradset_add) int cfxl_gradset_add(lua_State *L);
+%native(gradset_commit) int cfxl_gradset_commit(lua_State *L);
+%native(gradset_array) int cfxl_gradset_array(lua_State *L);
+%native(gradset_ready) int cfxl_gradset_ready(lua_State *L);
+%native(gradset_wait) int cfxl_gradset_wait(lua_State *L);
+%native(gradset_free) int cfxl_gradset_free(lua_State *L);
 
 /* The array metatable exists as soon as the module is loaded. */
 %init %{
   cfxl_register_array(L);
+  cfxl_register_gradset(L);
 %}
