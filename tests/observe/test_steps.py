@@ -148,6 +148,8 @@ class StepFinder(unittest.TestCase):
         self.assertTrue(all(s.complete for s in an.steps.steps))
         self.assertEqual([o.name for o in an.steps.others], ["loss"])
         self.assertEqual(an.steps.others[0].count, 24)
+        self.assertEqual(an.steps.others[0].describe(),
+                         "24 times at 12 places, every 1 steps (before step 0, 0, 1, 2, ...)")
         path = an.path(an.steps.median)  # the buckets' collectives, one after the other
         self.assertEqual([(p.kind, p.tensor) for p in path],
                          [("collective", b) for b in buckets])

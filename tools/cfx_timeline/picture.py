@@ -111,6 +111,7 @@ def draw_gantt(ax, an, k, max_rows=None):
     pos, height = _layout(ranks, rows)
     slow = step.slowest_rank() if len(ranks) > 1 else None
     origin = step.start
+    noun = "buckets" if "bucket" in st.source else "tensors"
     ticks, labels, colors = [], [], []
     band = ax.get_yaxis_transform()  # x in axes fraction, y in data
     fill = 0.8 if max(len(v) for v in rows.values()) <= 40 else 1.0  # thin rows: no gaps (moire)
@@ -149,8 +150,8 @@ def draw_gantt(ax, an, k, max_rows=None):
                 colors.append("#444444")
         else:
             per_row = math.ceil(len(step.occ[r]) / len(rows[r]))
-            ax.text(0.995, p["top"] + 0.1, "%d tensors, in submission order (top first)%s"
-                    % (len(step.occ[r]), "; %d per row" % per_row if per_row > 1 else ""),
+            ax.text(0.995, p["top"] + 0.1, "%d %s, in submission order (top first)%s"
+                    % (len(step.occ[r]), noun, "; %d per row" % per_row if per_row > 1 else ""),
                     transform=band, ha="right", va="top", fontsize=7, color="#444444")
     # the path as one line: through the strips, jumping between bands
     xs, ys = [], []

@@ -151,24 +151,33 @@ class RecurringTensor:
     def count(self):
         return max(self.counts.values()) if self.counts else 0
 
+    def places(self):
+        """The distinct places between steps where it was submitted, in order."""
+        return sorted(set(self.after_steps))
+
     def period(self):
-        """Median number of steps between consecutive submissions, or None."""
-        d = [b - a for a, b in zip(self.after_steps, self.after_steps[1:])]
+        """Median number of steps between consecutive places, or None."""
+        p = self.places()
+        d = [b - a for a, b in zip(p, p[1:])]
         return median(d) if d else None
 
     def describe(self):
+        """In words: "once, before step 0", "8 times, every 64 steps (after step 63, 127, ...)",
+        "26 times at 13 places, every 1 steps (before step 0, 0, 1, ...)"."""
         def where(k):
             return "before step 0" if k == 0 else "after step %d" % (k - 1)
         n = self.count
+        places = self.places()
         if n == 1:
-            return "once, %s" % where(self.after_steps[0]) if self.after_steps else "once"
+            return "once, %s" % where(places[0]) if places else "once"
+        text = "%d times" % n
+        if places and len(places) < len(self.after_steps):
+            text += " at %d places" % len(places)
         p = self.period()
-        places = ", ".join(where(k).replace("after step ", "") if i else where(k)
-                           for i, k in enumerate(self.after_steps[:4]))
-        more = ", ..." if len(self.after_steps) > 4 else ""
         if p:
-            return "%d times, every %g steps (%s%s)" % (n, p, places, more)
-        return "%d times (%s%s)" % (n, places, more)
+            text += ", every %g steps" % p
+        shown = [where(k) if i == 0 else ("%d" % (k - 1)) for i, k in enumerate(places[:4])]
+        return "%s (%s%s)" % (text, ", ".join(shown), ", ..." if len(places) > 4 else "")
 
 
 class Steps:

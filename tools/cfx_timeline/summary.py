@@ -191,8 +191,12 @@ def print_summary(s, top=10, all_steps=False, out=sys.stdout):
                                            100.0 * sh["us"][k] / sh["total_us"]))
     if s["others"]:
         w("\ntensors outside the step:\n")
+        groups = {}  # tensors that recur alike are listed once
         for o in s["others"]:
-            w("  %-40s %s\n" % (o["name"][:40], o["where"]))
+            groups.setdefault(o["where"], []).append(o["name"])
+        for where, names in groups.items():
+            more = "" if len(names) == 1 else " and %d more" % (len(names) - 1)
+            w("  %-40s %s\n" % (names[0][:40 - len(more)] + more, where))
     w("\nphase totals (ms, union over tensors, mean over ranks):\n")
     for ph in PHASES:
         w("  %-10s %12.3f\n" % (ph, _ms(s["phase_totals_us"][ph])))
