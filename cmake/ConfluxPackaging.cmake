@@ -1,7 +1,7 @@
 # How Conflux is packaged for each ecosystem, from the one version (project(Conflux VERSION ...)):
 #   pip       pyproject.toml + conflux_build_backend.py (a CMake-driven PEP 517 backend)
 #   LuaRocks  lua/conflux-<version>-1.rockspec
-#   Maven     <build>/maven, staged here: `mvn -o ... -f <build>/maven/pom.xml install`
+#   Maven     <build>/maven, staged here: `mvn -o -f <build>/maven/pom.xml install`
 #   Debian    CPack's DEB generator, set up here: `cpack -G DEB` in a build configured with
 #             -DCMAKE_INSTALL_PREFIX=/usr, one package per install component.
 # Included once, at the end of the top-level CMakeLists.txt (after every part's install rules).
@@ -11,6 +11,9 @@ if(TARGET conflux_jar AND TARGET conflux_jni)
   set(CONFLUX_MAVEN_DIR ${CMAKE_BINARY_DIR}/maven)
   set(CONFLUX_JAVA_VERSION ${PROJECT_VERSION})
   configure_file(${PROJECT_SOURCE_DIR}/java/pom.xml.in ${CONFLUX_MAVEN_DIR}/pom.xml @ONLY)
+  # Maven reads .mvn/maven.config of the project: offline, and the file:// repository (Debian's)
+  # still reachable offline
+  file(CONFIGURE OUTPUT ${CONFLUX_MAVEN_DIR}/.mvn/maven.config CONTENT "-o -Daether.offline.protocols=file\n")
   get_target_property(_cfx_java_gen conflux_jni SWIG_SUPPORT_FILES_DIRECTORY)
   string(TOLOWER "${CMAKE_SYSTEM_NAME}-${CMAKE_SYSTEM_PROCESSOR}" _cfx_platform)
   string(REPLACE "amd64" "x86_64" _cfx_platform "${_cfx_platform}")

@@ -12,7 +12,8 @@ java=${CFX_JAVA:-java}
 v=$CFX_VERSION
 [[ -f $CFX_BUILD/maven/pom.xml ]] || fail "no $CFX_BUILD/maven/pom.xml (target conflux_maven_project)"
 repo=$work/repo
-mvn=(mvn -o -B -ntp -Dstyle.color=never -Daether.offline.protocols=file "-Dmaven.repo.local=$repo")
+# (the projects' .mvn/maven.config add -Daether.offline.protocols=file: Debian's file:// repository)
+mvn=(mvn -o -B -ntp -Dstyle.color=never "-Dmaven.repo.local=$repo")
 
 step "mvn install (the staged project, copied)"
 mkdir "$work/project"
@@ -48,7 +49,7 @@ done
 
 step "a consumer project depending on org.conflux:conflux:$v"
 mkdir "$work/consumer"
-cp -r "$here/maven-consumer/src" "$work/consumer/"
+cp -r "$here/maven-consumer/src" "$here/maven-consumer/.mvn" "$work/consumer/"
 sed "s/@CONFLUX_VERSION@/$v/" "$here/maven-consumer/pom.xml.in" >"$work/consumer/pom.xml"
 logged "$work/consumer.log" "${mvn[@]}" -f "$work/consumer/pom.xml" package
 mkdir "$work/tmp"
