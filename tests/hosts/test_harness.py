@@ -1,6 +1,7 @@
 """Tests of cfxhosts, the pretend-hosts harness: each host has its own hostname, network, /dev/shm
 and /etc/hosts; the link is shaped as asked; the agent behaves like ssh; and nothing is left behind,
-whether the command succeeds, fails, is stopped by a signal, or the harness itself is killed."""
+whether the command succeeds, fails, is stopped by a signal, or the harness itself is killed. Also
+hostrun's checks of placement, local/cross ranks and path, on made-up output."""
 
 import os
 import re
@@ -150,3 +151,52 @@ def test_bad_arguments(args, message):
     r = harness(*args, command=["true"])
     assert r.returncode != 0
     assert message in r.stdout
+
+
+# ---- hostrun's checks ---------------------------------------------------------------------------
+
+def load_hostrun():
+    import importlib.machinery
+    import importlib.util
+    path = os.path.join(os.path.dirname(CFXHOSTS), "hostrun")
+    loader = importlib.machinery.SourceFileLoader("hostrun", path)
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("hostrun", loader))
+    loader.exec_module(module)
+    return module
+
+
+def context_line(r, n, local, lsize, cross, csize, path):
+    return (f"[2026-12-01T19:35:20.795442Z conflux rank {r} context info] rank {r} of {n} over mpi "
+            f"(local {local}/{lsize}, cross {cross}/{csize}); fusion 134217728 B, chunk 1048576 B, "
+            f"cache 16384, cycle 1 ms, deterministic 0, allreduce path {path}")
+
+
+def test_hostrun_placement():
+    hostrun = load_hostrun()
+    assert hostrun.placement("a:2,b:2") == [("a", 0, 2, 0, 2), ("a", 1, 2, 0, 2),
+                                            ("b", 0, 2, 1, 2), ("b", 1, 2, 1, 2)]
+    # Unequal hosts: local rank 1 exists on b alone, so its cross communicator has one member.
+    assert hostrun.placement("a:1,b:2") == [("a", 0, 1, 0, 2), ("b", 0, 2, 1, 2), ("b", 1, 2, 0, 1)]
+    assert hostrun.placement("a,b") == [("a", 0, 1, 0, 2), ("b", 0, 1, 1, 2)]
+
+
+def test_hostrun_finds_what_is_wrong():
+    hostrun = load_hostrun()
+    expected = hostrun.placement("a:2,b:2")
+    opts = {"path": "hierarchical", "expect": []}
+    hier = "shared memory + MPI across hosts"
+    good = ([f"hostrun: rank {r} on {h}" for r, (h, *_) in enumerate(expected)] +
+            [context_line(r, 4, l, ls, c, cs, hier) for r, (_, l, ls, c, cs) in enumerate(expected)])
+    assert hostrun.check(good, expected, opts) == []
+    swapped = [line.replace("rank 3 on b", "rank 3 on a") for line in good]
+    assert hostrun.check(swapped, expected, opts) == ["rank 3 ran on a, not on b"]
+    wrong_split = good[:4] + [context_line(r, 4, 0, 1, r, 4, hier) for r in range(4)]
+    assert len(hostrun.check(wrong_split, expected, opts)) == 4
+    assert "local 0/1, cross 1/4" in hostrun.check(wrong_split, expected, opts)[1]
+    flat = [line.replace(hier, "mpi") for line in good]
+    assert hostrun.check(flat, expected, opts)[0] == \
+        "rank 0: allreduce path 'mpi', expected 'shared memory + MPI across hosts'"
+    assert hostrun.check(good[:-1], expected, opts) == \
+        ["no engine context line (CFX_LOG_LEVEL=info) from rank(s) [3]"]
+    assert hostrun.check(good, expected, dict(opts, expect=["allreduce path direct"])) == \
+        ["no output line matched 'allreduce path direct'"]
