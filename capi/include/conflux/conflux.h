@@ -409,6 +409,21 @@ CFX_API cfx_status cfx_gradset_ready(cfx_gradset *set, int32_t index);
  * Shutdown, a lost peer or a transport error fail it with their status and message. */
 CFX_API cfx_status cfx_gradset_wait(cfx_gradset *set, double timeout_s);
 
+/* ---- Subset contexts (since 1.1) --------------------------------------------------------------
+ * A context over some of another context's ranks (Horovod's process sets, NCCL's ncclCommSplit):
+ * every collective and gradient set works on it unchanged, with its own negotiation, response
+ * cache, background thread and data path (shared memory among its ranks on one host). */
+
+/* Collective over ctx's ranks: every rank passes the same list (any order, no duplicates, each in
+ * 0 .. size - 1). Members get a new context in *out, whose ranks are numbered in ascending order of
+ * their rank in ctx; ranks not listed get *out = NULL and CFX_OK. A bad or disagreeing list fails on
+ * every rank with CFX_ERR_INVALID_ARGUMENT naming the rank and the value. Subsets of subsets work.
+ * Shutting ctx down shuts its subsets down (their calls then fail with CFX_ERR_SHUT_DOWN); each
+ * subset is freed with cfx_context_free, before or after ctx. Create subsets in the same order on
+ * every rank, from one thread. */
+CFX_API cfx_status cfx_context_create_subset(cfx_context *ctx, const int *ranks, size_t n,
+                                             cfx_context **out);
+
 /* Frees the set and its owned storage; NULL is a no-op. Call it on every rank; a step must not be
  * pending. The set's slot in the protocol ends once every rank freed it. */
 CFX_API void cfx_gradset_free(cfx_gradset *set);

@@ -330,8 +330,72 @@ cfx_status cx_context_create(cx_transport *transport, const cx_config *cfg, cfx_
     return CFX_OK;
 }
 
+/* ---- subset contexts --------------------------------------------------------------------- */
+
+static pthread_mutex_t family_mu = PTHREAD_MUTEX_INITIALIZER;
+
+cfx_status cx_context_create_subset(cfx_context *parent, const int *ranks, size_t n,
+                                    cfx_context **out)
+{
+    *out = NULL;
+    cx_transport *t = parent->transport;
+    if (!t->ops->split)
+        return cx_fail(CFX_ERR_UNSUPPORTED, "cfx_context_create_subset: the %s transport cannot "
+                       "make subsets", t->ops->name);
+    cx_transport *sub = NULL;
+    cfx_status st = t->ops->split(t, ranks, n, &sub);
+    if (st || !sub)
+        return st;
+    cx_config cfg = parent->cfg;
+    cfg.timeline[0] = '\0'; /* the parent's CFX_TIMELINE file is the parent's */
+    cfx_context *child = NULL;
+    if ((st = cx_context_create(sub, &cfg, &child)))
+        return st;
+    pthread_mutex_lock(&family_mu);
+    child->parent = parent;
+    child->next_sibling = parent->children;
+    parent->children = child;
+    pthread_mutex_unlock(&family_mu);
+    *out = child;
+    return CFX_OK;
+}
+
+/* Shuts down the subsets split from ctx (a snapshot: shutting down takes no family lock). */
+static void shutdown_children(cfx_context *ctx)
+{
+    for (;;) {
+        cfx_context *next = NULL;
+        pthread_mutex_lock(&family_mu);
+        for (cfx_context *c = ctx->children; c && !next; c = c->next_sibling)
+            if (c->thread_started)
+                next = c;
+        pthread_mutex_unlock(&family_mu);
+        if (!next)
+            return;
+        cx_context_shutdown(next);
+    }
+}
+
+static void unlink_family(cfx_context *ctx)
+{
+    pthread_mutex_lock(&family_mu);
+    for (cfx_context *c = ctx->children; c; c = c->next_sibling)
+        c->parent = NULL;
+    ctx->children = NULL;
+    if (ctx->parent) {
+        cfx_context **link = &ctx->parent->children;
+        while (*link && *link != ctx)
+            link = &(*link)->next_sibling;
+        if (*link)
+            *link = ctx->next_sibling;
+        ctx->parent = NULL;
+    }
+    pthread_mutex_unlock(&family_mu);
+}
+
 cfx_status cx_context_shutdown(cfx_context *ctx)
 {
+    shutdown_children(ctx);
     if (!ctx->thread_started)
         return CFX_OK;
     int expected = 0; /* keeps 2 (set by the exit handler) */
@@ -353,6 +417,7 @@ void cx_context_free(cfx_context *ctx)
         return;
     live_remove(ctx);
     cx_context_shutdown(ctx);
+    unlink_family(ctx);
     cx_loop_destroy(ctx->loop);
     cx_shm_destroy(ctx->shm);
     cx_gradsets_destroy(&ctx->gradsets);

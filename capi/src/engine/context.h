@@ -51,6 +51,10 @@ struct cfx_context {
     atomic_int tl_change;
     uint64_t tl_requested, tl_applied;
     struct cfx_context *live_next; /* the process's live contexts, for the exit handler */
+    /* Subset contexts (cfx_context_create_subset): the context this one was split from and the
+     * ones split from it, guarded by one process-wide lock (context.c). A parent's shutdown
+     * shuts its subsets down; freeing either side unlinks it. */
+    struct cfx_context *parent, *children, *next_sibling;
 };
 
 /* Creates a context over `transport` (ownership moves to the context, also on failure) and starts
@@ -66,5 +70,11 @@ cfx_status cx_context_set_timeline(cfx_context *ctx, const char *path, bool mark
 
 /* Shuts down if needed and frees everything. */
 void cx_context_free(cfx_context *ctx);
+
+/* A context over the ranks of `parent` listed in `ranks` (ascending, valid and agreed by the
+ * caller); non-members get *out = NULL and CFX_OK. Collective over parent's ranks. Its own
+ * negotiation, cache, background thread and data path among its ranks. */
+cfx_status cx_context_create_subset(cfx_context *parent, const int *ranks, size_t n,
+                                    cfx_context **out);
 
 #endif /* CFX_CONTEXT_H */

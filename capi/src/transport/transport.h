@@ -61,6 +61,12 @@ typedef struct cx_transport_ops {
     cfx_status (*cross_allreduce)(cx_transport *t, void *buf, size_t count, cfx_dtype dtype,
                                   cfx_reduce_op op);
 
+    /* A transport over the ranks listed (ascending, valid, the same on every rank: the caller
+     * checked), numbered in that order; non-members get NULL. Collective over t's ranks, in the
+     * same order of splits everywhere. Made on a user thread while the background thread uses t,
+     * so it must not use t's own channel. NULL in transports that cannot split. */
+    cfx_status (*split)(cx_transport *t, const int *ranks, size_t n, cx_transport **out);
+
     /* Frees the transport (collective: every rank calls it, in the same place of the order). */
     void (*destroy)(cx_transport *t);
 } cx_transport_ops;

@@ -24,13 +24,24 @@ struct cx_local_world {
     int arrived;
     unsigned long generation;
     local_slot *slots;
+    /* Splits (local_split): the worlds being made, by split sequence, until every member took
+     * its transport. Guarded by mu. */
+    struct local_child *children;
 };
+
+typedef struct local_child {
+    unsigned long seq;
+    cx_local_world *world;
+    int taken;
+    struct local_child *next;
+} local_child;
 
 typedef struct local_transport {
     cx_transport base;
     cx_local_world *world;
     void *acc;         /* allreduce's accumulator, kept and grown (no allocation per call) */
     size_t acc_cap;
+    unsigned long splits; /* splits this rank took part in: the next one's sequence */
 } local_transport;
 
 cfx_status cx_local_world_create(int size, cx_local_world **out)
@@ -267,6 +278,47 @@ static void local_destroy(cx_transport *t)
     free(t);
 }
 
+static cfx_status local_split(cx_transport *t, const int *ranks, size_t n, cx_transport **out)
+{
+    local_transport *lt = (local_transport *)t;
+    cx_local_world *w = lt->world;
+    unsigned long seq = lt->splits++;
+    *out = NULL;
+    int me = -1;
+    for (size_t i = 0; i < n; i++)
+        if (ranks[i] == t->rank)
+            me = (int)i;
+    if (me < 0)
+        return CFX_OK;
+    /* The first member to arrive makes the child world; the last one to take it unlists it. */
+    pthread_mutex_lock(&w->mu);
+    local_child **link = &w->children;
+    while (*link && (*link)->seq != seq)
+        link = &(*link)->next;
+    cfx_status st = CFX_OK;
+    if (!*link) {
+        local_child *c = calloc(1, sizeof *c);
+        if (!c || (st = cx_local_world_create((int)n, &c->world))) {
+            free(c);
+            pthread_mutex_unlock(&w->mu);
+            return st ? st : cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory splitting a local world");
+        }
+        c->seq = seq;
+        c->next = w->children;
+        w->children = c;
+        link = &w->children;
+    }
+    local_child *c = *link;
+    st = cx_transport_local_create(c->world, me, out);
+    if (++c->taken == (int)n) {
+        *link = c->next;
+        cx_local_world_release(c->world); /* the members' transports keep it */
+        free(c);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return st;
+}
+
 static const cx_transport_ops local_ops = {
     .name = "local",
     .gather_bytes = local_gather_bytes,
@@ -278,6 +330,7 @@ static const cx_transport_ops local_ops = {
     .alltoallv = local_alltoallv,
     .reduce_scatter = local_reduce_scatter,
     .barrier = local_barrier,
+    .split = local_split,
     .destroy = local_destroy,
 };
 

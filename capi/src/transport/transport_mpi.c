@@ -17,6 +17,10 @@
 typedef struct mpi_transport {
     cx_transport base;
     MPI_Comm comm, local, cross;
+    /* A duplicate for splits (subset contexts), made on user threads while the background thread
+     * uses comm; splits of one transport are serialised by split_mu. */
+    MPI_Comm split_comm;
+    pthread_mutex_t split_mu;
 } mpi_transport;
 
 /* Process-wide MPI state. MPI itself is process-global, so this is the one place that must be:
@@ -403,9 +407,32 @@ static void mpi_destroy(cx_transport *t)
     if (!finalized) {
         MPI_Comm_free(&m->cross);
         MPI_Comm_free(&m->local);
+        MPI_Comm_free(&m->split_comm);
         MPI_Comm_free(&m->comm);
     }
+    pthread_mutex_destroy(&m->split_mu);
     free(m);
+}
+
+static cfx_status from_comm(MPI_Comm comm, cx_transport **out);
+
+static cfx_status mpi_split(cx_transport *t, const int *ranks, size_t n, cx_transport **out)
+{
+    mpi_transport *m = (mpi_transport *)t;
+    *out = NULL;
+    int key = -1;
+    for (size_t i = 0; i < n; i++)
+        if (ranks[i] == t->rank)
+            key = (int)i;
+    MPI_Comm sub = MPI_COMM_NULL;
+    pthread_mutex_lock(&m->split_mu);
+    int rc = MPI_Comm_split(m->split_comm, key >= 0 ? 0 : MPI_UNDEFINED, key, &sub);
+    pthread_mutex_unlock(&m->split_mu);
+    if (rc != MPI_SUCCESS)
+        return mpi_error(rc, "MPI_Comm_split (subset context)");
+    if (sub == MPI_COMM_NULL)
+        return CFX_OK;
+    return from_comm(sub, out);
 }
 
 static const cx_transport_ops mpi_ops = {
@@ -420,6 +447,7 @@ static const cx_transport_ops mpi_ops = {
     .reduce_scatter = mpi_reduce_scatter,
     .barrier = mpi_barrier,
     .cross_allreduce = mpi_cross_allreduce,
+    .split = mpi_split,
     .destroy = mpi_destroy,
 };
 
@@ -432,15 +460,25 @@ cfx_status cx_transport_mpi_create(cx_transport **out)
     MPI_Finalized(&finalized);
     if (finalized)
         return cx_fail(CFX_ERR_TRANSPORT, "MPI has already been finalized in this process");
-    mpi_transport *m = calloc(1, sizeof *m);
-    if (!m)
-        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for the MPI transport");
-    int rc = MPI_Comm_dup(MPI_COMM_WORLD, &m->comm);
-    if (rc != MPI_SUCCESS) {
-        free(m);
+    MPI_Comm comm;
+    int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+    if (rc != MPI_SUCCESS)
         return mpi_error(rc, "MPI_Comm_dup(MPI_COMM_WORLD)");
+    return from_comm(comm, out);
+}
+
+/* The transport over `comm` (owned from here on, also on failure). */
+static cfx_status from_comm(MPI_Comm comm, cx_transport **out)
+{
+    mpi_transport *m = calloc(1, sizeof *m);
+    if (!m) {
+        MPI_Comm_free(&comm);
+        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for the MPI transport");
     }
+    m->comm = comm;
+    pthread_mutex_init(&m->split_mu, NULL);
     MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
+    int rc;
     MPI_Comm_rank(m->comm, &m->base.rank);
     MPI_Comm_size(m->comm, &m->base.size);
     /* CFX_TEST_LOCAL_SIZE splits the job into pretend hosts of that many consecutive ranks, so the
@@ -456,8 +494,11 @@ cfx_status cx_transport_mpi_create(cx_transport **out)
         MPI_Comm_size(m->local, &m->base.local_size);
         rc = MPI_Comm_split(m->comm, m->base.local_rank, m->base.rank, &m->cross);
     }
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Comm_dup(m->comm, &m->split_comm);
     if (rc != MPI_SUCCESS) {
         MPI_Comm_free(&m->comm);
+        pthread_mutex_destroy(&m->split_mu);
         free(m);
         return mpi_error(rc, "splitting the communicator by host");
     }
