@@ -1,7 +1,8 @@
 """PEP 517 build backend of the conflux Python package (pyproject.toml): CMake builds libconflux and the
 SWIG module, and the wheel carries both, conflux/libconflux.so.<ABI> beside conflux/_capi_native*.so,
 whose RUNPATH is $ORIGIN. Standard library only (Debian 12 packages no CMake-driven backend), so
-`pip install --no-build-isolation --no-index .` needs nothing from an index.
+`pip install --no-index .` needs nothing from an index (with or without --no-build-isolation: NumPy's
+headers come from the interpreter's own site-packages, e.g. Debian's python3-numpy).
 
 The version is the CMake project's (project(Conflux VERSION ...) in CMakeLists.txt); the other
 metadata is pyproject.toml's [project] table. Config settings (pip --config-settings KEY=VALUE):
@@ -90,9 +91,15 @@ def _write_dist_info(directory):
     return os.path.basename(d)
 
 
+# pip's build isolation hides the system's site-packages through these variables; the build needs
+# Debian's NumPy headers (there is no index to fetch NumPy from), so CMake runs without them.
+_ISOLATION_VARS = ("PYTHONPATH", "PYTHONNOUSERSITE")
+
+
 def _run(cmd):
     print("conflux_build_backend: " + " ".join(shlex.quote(c) for c in cmd), flush=True)
-    subprocess.run(cmd, check=True)
+    env = {k: v for k, v in os.environ.items() if k not in _ISOLATION_VARS}
+    subprocess.run(cmd, check=True, env=env)
 
 
 def _cmake_build(build, stage, config_settings):

@@ -3,7 +3,11 @@
 #   LuaRocks  lua/conflux-<version>-1.rockspec
 #   Maven     <build>/maven, staged here: `mvn -o -f <build>/maven/pom.xml install`
 #   Debian    CPack's DEB generator, set up here: `cpack -G DEB` in a build configured with
-#             -DCMAKE_INSTALL_PREFIX=/usr, one package per install component.
+#             -DCMAKE_INSTALL_PREFIX=/usr, one package per install component. Depends come from
+#             dpkg-shlibdeps (libconflux1) and the lists below; a CUDA build's libconflux1 also
+#             needs CUDA's and NCCL's libraries, which are not Debian packages (no Depends names
+#             them): configure with -DCONFLUX_WITH_CUDA=OFF -DCONFLUX_WITH_NCCL=OFF for packages
+#             that need Debian's alone.
 # Included once, at the end of the top-level CMakeLists.txt (after every part's install rules).
 
 # ---- Maven: a standard project laid out from the CMake build (java/pom.xml.in) ----

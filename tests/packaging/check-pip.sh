@@ -1,22 +1,24 @@
 #!/usr/bin/env bash
 # pip: `pip install .` into a venv (--system-site-packages so NumPy is Debian's, and so is pip: the
-# venv is made --without-pip; --no-build-isolation, no index), then `pip wheel .` and the wheel alone, with the build folder
-# gone, into a second venv. Each venv: import from /, and a 2-rank allreduce against the ranks' sum.
+# venv is made --without-pip; --no-build-isolation, no index), then `pip wheel .` (build isolation
+# on) and the wheel alone, with the build folder gone, into a second venv. Each venv: import from /,
+# and a 2-rank allreduce against the ranks' sum.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 py=${CFX_PYTHON:-/usr/bin/python3}
 "$py" -c 'import venv' 2>/dev/null || skip "$py has no venv (Debian: python3-venv)"
 "$py" -m pip --version >/dev/null 2>&1 || skip "$py has no pip (Debian: python3-pip)"
-pip_opts=(--no-build-isolation --no-index --no-cache-dir --disable-pip-version-check
+pip_opts=(--no-index --no-cache-dir --disable-pip-version-check
           --config-settings "build-dir=$work/cmake" --config-settings "cmake-args=${CFX_SUBBUILD_ARGS:-}")
 
 step "pip install $CFX_SRC into a venv"
 "$py" -m venv --system-site-packages --without-pip "$work/venv1"
-logged "$work/pip-install.log" "$work/venv1/bin/python" -m pip install "${pip_opts[@]}" "$CFX_SRC"
+logged "$work/pip-install.log" "$work/venv1/bin/python" -m pip install --no-build-isolation "${pip_opts[@]}" \
+    "$CFX_SRC"
 v=$("$work/venv1/bin/python" -m pip show conflux | sed -n 's/^Version: //p')
 [[ $v == "$CFX_VERSION" ]] || fail "pip installed conflux '$v', CMake's project version is $CFX_VERSION"
 ranks 2 "$work/venv1/bin/python" "$here/allreduce_check.py" "$work/venv1" 2
 
-step "pip wheel $CFX_SRC"
+step "pip wheel $CFX_SRC (with pip's build isolation; the same build folder: incremental)"
 logged "$work/pip-wheel.log" "$work/venv1/bin/python" -m pip wheel --no-deps -w "$work/wheels" \
     "${pip_opts[@]}" "$CFX_SRC"
 whl=$(find "$work/wheels" -name "conflux-$CFX_VERSION-*.whl")
