@@ -3,8 +3,9 @@
 -- builds libconflux and the Lua module with CMake (in build.luarocks/) and installs conflux.lua and
 -- conflux_core.so into the tree; libconflux.so.<ABI> stays in the rock's own folder, where
 -- conflux_core.so finds it (its RUNPATH). Needs a C compiler, CMake >= 3.25, SWIG 4, Lua 5.4 headers
--- and Open MPI (libopenmpi-dev) for multi-process jobs. The version is CMake's project version
--- (a test checks that this file's name and version match it).
+-- and Open MPI (libopenmpi-dev) for multi-process jobs; CONFLUX_CMAKE_ARGS (environment) adds CMake
+-- options (e.g. "-DCONFLUX_WITH_CUDA=OFF"). The version is CMake's project version (a test checks
+-- that this file's name and version match it).
 rockspec_format = "3.0"
 package = "conflux"
 version = "1.0.0-1"
