@@ -92,6 +92,16 @@
 %ignore cfx_alloc;
 %ignore cfx_free;
 %ignore cfx_is_shared; /* Java tracks its own shared buffers (SharedMemory.java) */
+/* Gradient sets: the cfxj_gradset_* helpers below (the set travels as a long address). */
+%ignore cfx_gradset_options;
+%ignore cfx_gradset_options_init;
+%ignore cfx_gradset_create;
+%ignore cfx_gradset_add;
+%ignore cfx_gradset_commit;
+%ignore cfx_gradset_data;
+%ignore cfx_gradset_ready;
+%ignore cfx_gradset_wait;
+%ignore cfx_gradset_free;
 
 /* ---- Helpers ------------------------------------------------------------------------------ */
 
@@ -382,4 +392,82 @@ int cfxj_bench_c_allreduce(JNIEnv *jenv, cfx_context *ctx, jdoubleArray out) {
     free(t);
     return (int)s;
 }
+
+/* ---- gradient sets (GradientSet.java); the set is a long address, 0 = none ---- */
+
+/* cfx_gradset_create with every option spelled out; 0 on failure (status recorded). */
+int64_t cfxj_gradset_create(cfx_context *ctx, const char *name, int32_t op, int64_t bucket_bytes,
+                            int32_t accumulate_steps, double prescale, double postscale,
+                            int32_t owned) {
+    cfx_gradset_options o;
+    cfx_gradset *set = NULL;
+    cfx_status s = cfx_gradset_options_init(&o, CFX_GRADSET_OPTIONS_VERSION);
+    if (s == CFX_OK) {
+        o.op = op;
+        o.bucket_bytes = bucket_bytes;
+        o.accumulate_steps = accumulate_steps;
+        o.prescale = prescale;
+        o.postscale = postscale;
+        o.owned = owned;
+        s = cfx_gradset_create(ctx, name, &o, &set);
+    }
+    if (s != CFX_OK) {
+        cfxj_set_status(s);
+        return 0;
+    }
+    return (int64_t)(intptr_t)set;
+}
+
+/* cfx_gradset_add of a gradient of `shape` (a long[]) at `data` (0: owned); its index, or -1. */
+int32_t cfxj_gradset_add(JNIEnv *jenv, int64_t set, const char *name, int32_t dtype, jobject shape,
+                         int64_t data) {
+    int64_t dims[CFX_MAX_NDIM];
+    jsize nd = (*jenv)->GetArrayLength(jenv, (jarray)shape);
+    int32_t index = -1;
+    cfx_tensor t;
+    cfx_status s;
+    if (nd > CFX_MAX_NDIM) {
+        cfxj_set_status(CFX_ERR_INVALID_ARGUMENT);
+        return -1;
+    }
+    (*jenv)->GetLongArrayRegion(jenv, (jlongArray)shape, 0, nd, (jlong *)dims);
+    t.data = cfxj_ptr(data);
+    t.shape = nd ? dims : NULL;
+    t.ndim = (int32_t)nd;
+    t.dtype = dtype;
+    t.device = CFX_DEVICE_CPU;
+    t.stream = NULL;
+    s = cfx_gradset_add(cfxj_ptr(set), name, &t, &index);
+    if (s != CFX_OK) {
+        cfxj_set_status(s);
+        return -1;
+    }
+    return index;
+}
+
+int cfxj_gradset_commit(int64_t set) { return (int)cfx_gradset_commit(cfxj_ptr(set)); }
+
+/* A direct buffer over the owned gradient `index` (`bytes` long); NULL on failure. */
+jobject cfxj_gradset_buffer(JNIEnv *jenv, int64_t set, int32_t index, int64_t bytes) {
+    void *p = NULL;
+    jobject buffer;
+    cfx_status s = cfx_gradset_data(cfxj_ptr(set), index, &p);
+    if (s != CFX_OK) {
+        cfxj_set_status(s);
+        return NULL;
+    }
+    buffer = (*jenv)->NewDirectByteBuffer(jenv, p, (jlong)bytes);
+    if (!buffer) cfxj_set_status(CFX_ERR_OUT_OF_MEMORY);
+    return buffer;
+}
+
+int cfxj_gradset_ready(int64_t set, int32_t index) {
+    return (int)cfx_gradset_ready(cfxj_ptr(set), index);
+}
+
+int cfxj_gradset_wait(int64_t set, double timeout_s) {
+    return (int)cfx_gradset_wait(cfxj_ptr(set), timeout_s);
+}
+
+void cfxj_gradset_free(int64_t set) { cfx_gradset_free(cfxj_ptr(set)); }
 %}
