@@ -224,6 +224,27 @@ static void size_cap(void **state)
 
 /* ---- the writer alone: escaping, lanes, records ---- */
 
+/* A timeline path whose directories do not exist yet is created; one under a file is refused. */
+static void missing_directories(void **state)
+{
+    (void)state;
+    char path[700];
+    snprintf(path, sizeof path, "%s/new/deeper/tl.json", dir);
+    cx_logger log = {CX_LOG_OFF, 0, 2, 0};
+    cx_timeline *tl = NULL;
+    assert_int_equal(cx_timeline_create(path, 0, 0, false, &log, &tl), CFX_OK);
+    cx_timeline_destroy(tl);
+    char *s = slurp(path, NULL);
+    assert_non_null(s); /* a complete, empty trace */
+    free(s);
+    snprintf(path, sizeof path, "%s/new/deeper/tl.json/below.json", dir); /* tl.json is a file */
+    tl = NULL;
+    assert_int_equal(cx_timeline_create(path, 0, 0, false, &log, &tl), CFX_ERR_CONFIG);
+    assert_null(tl);
+    assert_non_null(strstr(cfx_last_error(), "cannot create directory"));
+    assert_non_null(strstr(cfx_last_error(), "tl.json"));
+}
+
 static void writer_records(void **state)
 {
     (void)state;
@@ -277,6 +298,7 @@ int main(void)
         cmocka_unit_test(three_ranks_every_phase),
         cmocka_unit_test(start_stop_at_run_time),
         cmocka_unit_test(size_cap),
+        cmocka_unit_test(missing_directories),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

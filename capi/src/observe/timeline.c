@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -365,9 +366,32 @@ static lane *lane_of(cx_timeline *tl, const char *name)
     return l;
 }
 
+/* Creates the missing directories above `path` (several ranks may race: EEXIST is fine). */
+static cfx_status make_parents(const char *path)
+{
+    char dir[sizeof ((cx_timeline *)0)->path];
+    snprintf(dir, sizeof dir, "%s", path);
+    for (char *p = dir + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        struct stat sb;
+        if (mkdir(dir, 0777) != 0 && (errno != EEXIST || stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))) {
+            int err = errno == EEXIST ? ENOTDIR : errno;
+            return cx_fail(CFX_ERR_CONFIG, "timeline \"%s\": cannot create directory \"%s\": %s",
+                           path, dir, strerror(err));
+        }
+        *p = '/';
+    }
+    return CFX_OK;
+}
+
 int cx_timeline_create(const char *path, int rank, int64_t max_bytes, bool mark_cycles,
                        const cx_logger *log, cx_timeline **out)
 {
+    cfx_status st = make_parents(path);
+    if (st)
+        return st;
     cx_timeline *tl = calloc(1, sizeof *tl);
     if (!tl)
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for the timeline");
