@@ -80,7 +80,7 @@ typedef enum cfx_status {
     CFX_ERR_STALL = 12,           /* some ranks never submitted the tensor before the deadline */
     CFX_ERR_PEER_LOST = 13,       /* a peer rank exited or stopped answering */
     CFX_ERR_CONFIG = 14,          /* a malformed CFX_* variable or option value */
-    CFX_ERR_VERSION = 15,         /* an options struct version this library does not know */
+    CFX_ERR_VERSION = 15,         /* an unknown options version, or ranks whose versions cannot talk */
     CFX_ERR_JOINED = 16,          /* the collective cannot run while some ranks have joined */
     CFX_ERR_INTERNAL = 17,
     CFX_ERR_CUDA = 18,

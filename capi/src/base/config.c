@@ -86,77 +86,116 @@ static cfx_status parse_tristate(const char *var, const char *text, int32_t *out
                    var, text);
 }
 
-static const char *env(const char *name)
+typedef struct source {
+    cx_config_lookup lookup;
+    void *user;
+} source;
+
+static const char *var(const source *src, const char *name)
 {
-    const char *v = getenv(name);
+    const char *v = src->lookup(name, src->user);
     return (v && *v) ? v : NULL;
 }
 
-static cfx_status load_env(cx_config *cfg)
+/* "MAJOR.MINOR", each 0..65535. */
+static cfx_status parse_version(const char *name, const char *text, int32_t *major, int32_t *minor)
+{
+    unsigned long v[2] = {0, 0};
+    const char *p = text;
+    for (int i = 0; i < 2; i++) {
+        const char *digits = p;
+        while (*p >= '0' && *p <= '9' && v[i] <= 65535)
+            v[i] = v[i] * 10 + (unsigned long)(*p++ - '0');
+        if (p == digits || v[i] > 65535 || *p != (i ? '\0' : '.'))
+            return cx_fail(CFX_ERR_CONFIG, "%s=\"%s\": expected MAJOR.MINOR (each 0..65535)", name,
+                           text);
+        p++;
+    }
+    *major = (int32_t)v[0];
+    *minor = (int32_t)v[1];
+    return CFX_OK;
+}
+
+static cfx_status load_env(cx_config *cfg, const source *src)
 {
     const char *v;
     cfx_status st = CFX_OK;
-    if ((v = env("CFX_TRANSPORT"))) {
+    if ((v = var(src, "CFX_TRANSPORT"))) {
         if (!strcasecmp(v, "auto")) cfg->transport = CFX_TRANSPORT_AUTO;
         else if (!strcasecmp(v, "mpi")) cfg->transport = CFX_TRANSPORT_MPI;
         else if (!strcasecmp(v, "local")) cfg->transport = CFX_TRANSPORT_LOCAL;
         else return cx_fail(CFX_ERR_CONFIG, "CFX_TRANSPORT=\"%s\": expected auto, mpi or local", v);
     }
-    if ((v = env("CFX_FUSION_THRESHOLD")) && (st = cx_parse_bytes("CFX_FUSION_THRESHOLD", v, &cfg->fusion_threshold)))
+    if ((v = var(src, "CFX_FUSION_THRESHOLD")) && (st = cx_parse_bytes("CFX_FUSION_THRESHOLD", v, &cfg->fusion_threshold)))
         return st;
-    if ((v = env("CFX_CHUNK_BYTES")) && (st = cx_parse_bytes("CFX_CHUNK_BYTES", v, &cfg->chunk_bytes)))
+    if ((v = var(src, "CFX_CHUNK_BYTES")) && (st = cx_parse_bytes("CFX_CHUNK_BYTES", v, &cfg->chunk_bytes)))
         return st;
-    if ((v = env("CFX_CACHE_CAPACITY")) && (st = cx_parse_bytes("CFX_CACHE_CAPACITY", v, &cfg->cache_capacity)))
+    if ((v = var(src, "CFX_CACHE_CAPACITY")) && (st = cx_parse_bytes("CFX_CACHE_CAPACITY", v, &cfg->cache_capacity)))
         return st;
-    if ((v = env("CFX_CYCLE_TIME")) && (st = parse_double("CFX_CYCLE_TIME", v, &cfg->cycle_time_ms)))
+    if ((v = var(src, "CFX_CYCLE_TIME")) && (st = parse_double("CFX_CYCLE_TIME", v, &cfg->cycle_time_ms)))
         return st;
-    if ((v = env("CFX_STALL_WARNING_S")) && (st = parse_double("CFX_STALL_WARNING_S", v, &cfg->stall_warning_s)))
+    if ((v = var(src, "CFX_STALL_WARNING_S")) && (st = parse_double("CFX_STALL_WARNING_S", v, &cfg->stall_warning_s)))
         return st;
-    if ((v = env("CFX_STALL_TIMEOUT_S")) && (st = parse_double("CFX_STALL_TIMEOUT_S", v, &cfg->stall_timeout_s)))
+    if ((v = var(src, "CFX_STALL_TIMEOUT_S")) && (st = parse_double("CFX_STALL_TIMEOUT_S", v, &cfg->stall_timeout_s)))
         return st;
-    if ((v = env("CFX_DETERMINISTIC")) && (st = parse_bool("CFX_DETERMINISTIC", v, &cfg->deterministic)))
+    if ((v = var(src, "CFX_DETERMINISTIC")) && (st = parse_bool("CFX_DETERMINISTIC", v, &cfg->deterministic)))
         return st;
-    if ((v = env("CFX_SHM")) && (st = parse_tristate("CFX_SHM", v, &cfg->shm)))
+    if ((v = var(src, "CFX_SHM")) && (st = parse_tristate("CFX_SHM", v, &cfg->shm)))
         return st;
-    if ((v = env("CFX_HIERARCHICAL_ALLREDUCE")) &&
+    if ((v = var(src, "CFX_HIERARCHICAL_ALLREDUCE")) &&
         (st = parse_tristate("CFX_HIERARCHICAL_ALLREDUCE", v, &cfg->hierarchical)))
         return st;
-    if ((v = env("CFX_LOG_LEVEL"))) {
+    if ((v = var(src, "CFX_LOG_LEVEL"))) {
         int level = cx_log_level_parse(v);
         if (level < 0)
             return cx_fail(CFX_ERR_CONFIG, "CFX_LOG_LEVEL=\"%s\": expected trace, debug, info, "
                            "warning, error or off", v);
         cfg->log_level = level;
     }
-    if ((v = env("CFX_LOG_FILE"))) {
+    if ((v = var(src, "CFX_LOG_FILE"))) {
         if (strlen(v) >= sizeof cfg->log_file)
             return cx_fail(CFX_ERR_CONFIG, "CFX_LOG_FILE: path longer than %d bytes", CX_PATH_MAX - 1);
         strcpy(cfg->log_file, v);
     }
     /* Observability: timeline and autotune (docs/timeline.md). */
-    if ((v = env("CFX_TIMELINE"))) {
+    if ((v = var(src, "CFX_TIMELINE"))) {
         if (strlen(v) >= sizeof cfg->timeline - 16)
             return cx_fail(CFX_ERR_CONFIG, "CFX_TIMELINE: path longer than %d bytes", CX_PATH_MAX - 17);
         strcpy(cfg->timeline, v);
     }
     double mb = 0; /* set by parse_double before use; some -O3 builds cannot see that */
-    if ((v = env("CFX_TIMELINE_MAX_MB"))) {
+    if ((v = var(src, "CFX_TIMELINE_MAX_MB"))) {
         if ((st = parse_double("CFX_TIMELINE_MAX_MB", v, &mb)))
             return st;
+        if (mb >= (double)(INT64_MAX >> 20)) /* the bytes must fit an int64_t */
+            return cx_fail(CFX_ERR_CONFIG, "CFX_TIMELINE_MAX_MB=\"%s\": too large (at most %lld MiB)",
+                           v, (long long)(INT64_MAX >> 20) - 1);
         cfg->timeline_max_bytes = (int64_t)(mb * 1048576.0);
     }
-    if ((v = env("CFX_TIMELINE_MARK_CYCLES")) && (st = parse_bool("CFX_TIMELINE_MARK_CYCLES", v, &cfg->timeline_cycles)))
+    if ((v = var(src, "CFX_TIMELINE_MARK_CYCLES")) && (st = parse_bool("CFX_TIMELINE_MARK_CYCLES", v, &cfg->timeline_cycles)))
         return st;
-    if ((v = env("CFX_AUTOTUNE")) && (st = parse_bool("CFX_AUTOTUNE", v, &cfg->autotune)))
+    if ((v = var(src, "CFX_AUTOTUNE")) && (st = parse_bool("CFX_AUTOTUNE", v, &cfg->autotune)))
         return st;
-    if ((v = env("CFX_AUTOTUNE_WINDOW_S")) && (st = parse_double("CFX_AUTOTUNE_WINDOW_S", v, &cfg->autotune_window_s)))
+    if ((v = var(src, "CFX_AUTOTUNE_WINDOW_S")) && (st = parse_double("CFX_AUTOTUNE_WINDOW_S", v, &cfg->autotune_window_s)))
         return st;
-    if ((v = env("CFX_AUTOTUNE_LOG"))) {
+    if ((v = var(src, "CFX_AUTOTUNE_LOG"))) {
         if (strlen(v) >= sizeof cfg->autotune_log)
             return cx_fail(CFX_ERR_CONFIG, "CFX_AUTOTUNE_LOG: path longer than %d bytes", CX_PATH_MAX - 1);
         strcpy(cfg->autotune_log, v);
     }
+    if ((v = var(src, "CFX_TEST_WIRE_VERSION")) &&
+        (st = parse_version("CFX_TEST_WIRE_VERSION", v, &cfg->test_wire_major, &cfg->test_wire_minor)))
+        return st;
     return CFX_OK;
+}
+
+/* A double option must be a number: NaN is neither set nor unset, and infinity no duration. */
+static cfx_status finite_option(const char *field, double v)
+{
+    if (isfinite(v))
+        return CFX_OK;
+    return cx_fail(CFX_ERR_CONFIG, "cfx_init: options.%s is %g: expected a finite number "
+                   "(negative = unset)", field, v);
 }
 
 static cfx_status load_options(cx_config *cfg, const cfx_init_options *o)
@@ -171,6 +210,11 @@ static cfx_status load_options(cx_config *cfg, const cfx_init_options *o)
                            o->transport);
         cfg->transport = o->transport;
     }
+    cfx_status st;
+    if ((st = finite_option("cycle_time_ms", o->cycle_time_ms)) ||
+        (st = finite_option("stall_warning_s", o->stall_warning_s)) ||
+        (st = finite_option("stall_timeout_s", o->stall_timeout_s)))
+        return st;
     if (o->fusion_threshold_bytes >= 0) cfg->fusion_threshold = o->fusion_threshold_bytes;
     if (o->chunk_bytes >= 0) cfg->chunk_bytes = o->chunk_bytes;
     if (o->cache_capacity >= 0) cfg->cache_capacity = o->cache_capacity;
@@ -189,19 +233,31 @@ static cfx_status load_options(cx_config *cfg, const cfx_init_options *o)
 
 static cfx_status check(const cx_config *cfg)
 {
-    if (cfg->chunk_bytes < 64)
+    if (cfg->chunk_bytes < CX_CHUNK_MIN)
         return cx_fail(CFX_ERR_CONFIG, "chunk size %lld bytes (CFX_CHUNK_BYTES) is below the "
-                       "minimum of 64", (long long)cfg->chunk_bytes);
-    if (!isfinite(cfg->cycle_time_ms) || cfg->cycle_time_ms < 0.01 || cfg->cycle_time_ms > 10000)
-        return cx_fail(CFX_ERR_CONFIG, "cycle time %g ms (CFX_CYCLE_TIME) is outside 0.01 .. 10000",
-                       cfg->cycle_time_ms);
+                       "minimum of %d", (long long)cfg->chunk_bytes, CX_CHUNK_MIN);
+    if (!(cfg->cycle_time_ms >= CX_CYCLE_TIME_MIN_MS && cfg->cycle_time_ms <= CX_CYCLE_TIME_MAX_MS))
+        return cx_fail(CFX_ERR_CONFIG, "cycle time %g ms (CFX_CYCLE_TIME) is outside %g .. %g",
+                       cfg->cycle_time_ms, CX_CYCLE_TIME_MIN_MS, CX_CYCLE_TIME_MAX_MS);
     if (cfg->cache_capacity > (1 << 24))
         return cx_fail(CFX_ERR_CONFIG, "cache capacity %lld (CFX_CACHE_CAPACITY) is above 16M entries",
                        (long long)cfg->cache_capacity);
     return CFX_OK;
 }
 
+static const char *from_environment(const char *name, void *user)
+{
+    (void)user;
+    return getenv(name);
+}
+
 cfx_status cx_config_load(cx_config *cfg, const cfx_init_options *opts)
+{
+    return cx_config_load_from(cfg, opts, from_environment, NULL);
+}
+
+cfx_status cx_config_load_from(cx_config *cfg, const cfx_init_options *opts,
+                               cx_config_lookup lookup, void *user)
 {
     memset(cfg, 0, sizeof *cfg);
     cfg->transport = CFX_TRANSPORT_AUTO;
@@ -217,7 +273,8 @@ cfx_status cx_config_load(cx_config *cfg, const cfx_init_options *opts)
     cfg->hierarchical = -1;
     cfg->timeline_max_bytes = 256ll << 20; /* CFX_TIMELINE_MAX_MB */
     cfg->autotune_window_s = 0.5;
-    cfx_status st = load_env(cfg);
+    cfg->test_wire_major = cfg->test_wire_minor = -1;
+    cfx_status st = load_env(cfg, &(source){lookup, user});
     if (st == CFX_OK && opts)
         st = load_options(cfg, opts);
     if (st == CFX_OK)

@@ -15,6 +15,11 @@
 
 #define CX_PATH_MAX 1024
 
+/* Bounds that check() enforces and that values from other ranks (autotune) must meet too. */
+#define CX_CHUNK_MIN 64
+#define CX_CYCLE_TIME_MIN_MS 0.01
+#define CX_CYCLE_TIME_MAX_MS 10000.0
+
 typedef struct cx_config {
     int32_t transport;          /* cfx_transport_kind */
     int64_t fusion_threshold;   /* bytes; 0 = no fusion */
@@ -35,6 +40,9 @@ typedef struct cx_config {
     int32_t autotune;            /* CFX_AUTOTUNE: rank 0's value counts */
     double autotune_window_s;    /* CFX_AUTOTUNE_WINDOW_S */
     char autotune_log[CX_PATH_MAX]; /* CFX_AUTOTUNE_LOG: "" = none */
+    /* CFX_TEST_WIRE_VERSION: the wire protocol this rank claims in the handshake (tests only);
+     * -1 = this build's own. */
+    int32_t test_wire_major, test_wire_minor;
 } cx_config;
 
 /* Parses a byte count for variable `var`: "123", "64K", "64KiB", "16M", "1G" (binary multiples).
@@ -50,6 +58,12 @@ typedef struct cx_config_agreed {
 
 /* Fills *cfg from defaults, the environment and `opts` (may be NULL). */
 cfx_status cx_config_load(cx_config *cfg, const cfx_init_options *opts);
+
+/* The same, with CFX_* variables read through `lookup` (NULL or "" = unset) instead of getenv:
+ * for tests and the fuzzer, which must not touch the process environment. */
+typedef const char *(*cx_config_lookup)(const char *name, void *user);
+cfx_status cx_config_load_from(cx_config *cfg, const cfx_init_options *opts,
+                               cx_config_lookup lookup, void *user);
 
 void cx_config_get_agreed(const cx_config *cfg, cx_config_agreed *out);
 void cx_config_set_agreed(cx_config *cfg, const cx_config_agreed *agreed);

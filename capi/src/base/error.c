@@ -37,7 +37,7 @@ const char *cfx_status_string(cfx_status status)
     case CFX_ERR_STALL: return "stalled: some ranks never submitted the tensor";
     case CFX_ERR_PEER_LOST: return "peer rank lost";
     case CFX_ERR_CONFIG: return "invalid configuration";
-    case CFX_ERR_VERSION: return "unknown options version";
+    case CFX_ERR_VERSION: return "incompatible version (options struct, or ranks that cannot talk)";
     case CFX_ERR_JOINED: return "not supported while ranks have joined";
     case CFX_ERR_INTERNAL: return "internal error";
     case CFX_ERR_CUDA: return "CUDA error";

@@ -13,6 +13,7 @@
 #include "engine/loop.h"
 #include "exec/shm.h"
 #include "observe/timeline.h"
+#include "protocol/handshake.h"
 
 /* ---- the exit handler --------------------------------------------------------------------
  * A rank that returns from main (or calls exit) without cfx_shutdown would leave the other ranks
@@ -267,6 +268,8 @@ cfx_status cx_context_create(cx_transport *transport, const cx_config *cfg, cfx_
         handles_ok = true;
     if (!st && !(st = cx_gradsets_init(&ctx->gradsets, &ctx->queue, &ctx->log, ctx->size)))
         gradsets_ok = true;
+    if (!st) /* first: ranks that cannot talk stop here, before any other exchange */
+        st = cx_handshake(ctx->transport, &ctx->cfg, &ctx->log);
     if (!st)
         st = agree_config(ctx);
     if (!st)

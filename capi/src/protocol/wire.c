@@ -1,14 +1,20 @@
 /* wire - requests, responses and their byte codec (see wire.h). */
 #include "protocol/wire.h"
 
+#include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/config.h"
+#include "base/dtype.h"
 #include "base/error.h"
 
 #define WIRE_MAGIC_REQUESTS 0x43465251u  /* "QRFC" */
 #define WIRE_MAGIC_RESPONSES 0x43465253u /* "SRFC" */
+#define WIRE_MAGIC_HELLO 0x48584643u       /* "CFXH" */
+#define WIRE_MAGIC_HELLO_TABLE 0x54584643u /* "CFXT" */
 #define WIRE_MAX_STRING (1u << 20)
 
 void cx_bytes_free(cx_bytes *b)
@@ -40,6 +46,7 @@ static void put(cx_bytes *b, const void *p, size_t n)
 
 /* All supported targets are little-endian x86-64/aarch64; values are stored as in memory. */
 static void put_u8(cx_bytes *b, uint8_t v) { put(b, &v, 1); }
+static void put_u16(cx_bytes *b, uint16_t v) { put(b, &v, 2); }
 static void put_u32(cx_bytes *b, uint32_t v) { put(b, &v, 4); }
 static void put_i32(cx_bytes *b, int32_t v) { put(b, &v, 4); }
 static void put_i64(cx_bytes *b, int64_t v) { put(b, &v, 8); }
@@ -55,53 +62,85 @@ static void put_str(cx_bytes *b, const char *s)
     put(b, s, n);
 }
 
+/* ---- decoding: every read checked against the end, the first problem described -------------- */
+
 typedef struct reader {
-    const uint8_t *p, *end;
+    const uint8_t *start, *p, *end;
     bool bad;
+    const char *kind; /* "request", "response": names the item in messages */
+    long item;        /* index of the item being read; -1 in the list's header */
+    char why[256];    /* what was wrong first */
 } reader;
 
-static bool take(reader *r, void *dst, size_t n)
+static void bad(reader *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void bad(reader *r, const char *fmt, ...)
 {
-    if (r->bad || (size_t)(r->end - r->p) < n) {
-        r->bad = true;
-        if (dst && n)
-            memset(dst, 0, n);
+    if (r->bad)
+        return;
+    r->bad = true;
+    int n = 0;
+    if (r->item >= 0)
+        n = snprintf(r->why, sizeof r->why, "%s %ld: ", r->kind, r->item);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->why + n, sizeof r->why - (size_t)n, fmt, ap);
+    va_end(ap);
+}
+
+static reader reader_of(const void *data, size_t len, const char *kind)
+{
+    static const uint8_t none[1];
+    const uint8_t *p = data ? data : none; /* no arithmetic on NULL, even + 0 */
+    return (reader){.start = p, .p = p, .end = p + (data ? len : 0), .kind = kind, .item = -1};
+}
+
+static size_t left(const reader *r) { return (size_t)(r->end - r->p); }
+
+static bool take(reader *r, void *dst, size_t n, const char *what)
+{
+    if (!r->bad && left(r) < n)
+        bad(r, "%s cut short at byte %zu (%zu of %zu bytes there)", what,
+            (size_t)(r->p - r->start), left(r), n);
+    if (r->bad) {
+        memset(dst, 0, n);
         return false;
     }
-    if (n)
-        memcpy(dst, r->p, n);
+    memcpy(dst, r->p, n);
     r->p += n;
     return true;
 }
 
-static uint8_t get_u8(reader *r) { uint8_t v; take(r, &v, 1); return v; }
-static uint32_t get_u32(reader *r) { uint32_t v; take(r, &v, 4); return v; }
-static int32_t get_i32(reader *r) { int32_t v; take(r, &v, 4); return v; }
-static int64_t get_i64(reader *r) { int64_t v; take(r, &v, 8); return v; }
-static double get_f64(reader *r) { double v; take(r, &v, 8); return v; }
+static uint8_t get_u8(reader *r, const char *what) { uint8_t v; take(r, &v, 1, what); return v; }
+static uint16_t get_u16(reader *r, const char *what) { uint16_t v; take(r, &v, 2, what); return v; }
+static uint32_t get_u32(reader *r, const char *what) { uint32_t v; take(r, &v, 4, what); return v; }
+static int32_t get_i32(reader *r, const char *what) { int32_t v; take(r, &v, 4, what); return v; }
+static int64_t get_i64(reader *r, const char *what) { int64_t v; take(r, &v, 8, what); return v; }
+static double get_f64(reader *r, const char *what) { double v; take(r, &v, 8, what); return v; }
 
-static char *get_str(reader *r)
+/* A string, or NULL for the "absent" length (also NULL once the reader is bad). The length is
+ * checked against the bytes that are there before anything is allocated. */
+static char *get_str(reader *r, const char *what)
 {
-    uint32_t n = get_u32(r);
+    uint32_t n = get_u32(r, what);
     if (r->bad || n == UINT32_MAX)
         return NULL;
-    if (n > WIRE_MAX_STRING || (size_t)(r->end - r->p) < n) {
-        r->bad = true;
+    if (n > WIRE_MAX_STRING || left(r) < n) {
+        bad(r, "%s: length %u %s (%zu bytes left)", what, n,
+            n > WIRE_MAX_STRING ? "is above the limit of 1 MiB" : "runs past the end", left(r));
+        return NULL;
+    }
+    if (memchr(r->p, '\0', n)) { /* embedded NUL: not a string we produced */
+        bad(r, "%s: a NUL byte inside its %u bytes", what, n);
         return NULL;
     }
     char *s = malloc((size_t)n + 1);
     if (!s) {
-        r->bad = true;
+        bad(r, "%s: out of memory for %u bytes", what, n);
         return NULL;
     }
     memcpy(s, r->p, n);
     s[n] = '\0';
     r->p += n;
-    if (memchr(s, '\0', n)) { /* embedded NUL: not a name we produced */
-        free(s);
-        r->bad = true;
-        return NULL;
-    }
     return s;
 }
 
@@ -114,14 +153,44 @@ static void put_shape(cx_bytes *b, int32_t ndim, const int64_t *shape)
 
 static void get_shape(reader *r, int32_t *ndim, int64_t *shape)
 {
-    *ndim = get_i32(r);
-    if (*ndim < 0 || *ndim > CFX_MAX_NDIM) {
-        r->bad = true;
+    *ndim = get_i32(r, "ndim");
+    if (!r->bad && (*ndim < 0 || *ndim > CFX_MAX_NDIM))
+        bad(r, "ndim %d is outside 0..%d", *ndim, CFX_MAX_NDIM);
+    if (r->bad) {
         *ndim = 0;
         return;
     }
     for (int32_t i = 0; i < *ndim; i++)
-        shape[i] = get_i64(r);
+        shape[i] = get_i64(r, "shape");
+}
+
+/* The fields a request and a response share, checked as api.c checks a caller's tensor, so that
+ * what the engine decodes is what some rank could have submitted. */
+static void check_common(reader *r, uint8_t coll, uint8_t dtype, uint8_t op, int32_t device,
+                         int32_t root, double prescale, double postscale, int32_t ndim,
+                         const int64_t *shape)
+{
+    if (r->bad)
+        return;
+    if (coll >= CX_COLL_COUNT)
+        bad(r, "collective %u is unknown (0..%d)", coll, CX_COLL_COUNT - 1);
+    else if (!cx_dtype_valid(dtype))
+        bad(r, "dtype %u is unknown (0..%d)", dtype, CFX_DTYPE_COUNT - 1);
+    else if (!cx_op_valid(op))
+        bad(r, "op %u is unknown (0..%d)", op, CFX_OP_COUNT - 1);
+    else if (device < CFX_DEVICE_CPU)
+        bad(r, "device %d is neither the CPU (-1) nor a device ordinal", device);
+    else if (root < -1)
+        bad(r, "root %d is negative", root);
+    else if (!isfinite(prescale) || !isfinite(postscale))
+        bad(r, "scale factors are not finite (prescale %g, postscale %g)", prescale, postscale);
+    size_t bytes = cfx_dtype_size((cfx_dtype)dtype);
+    for (int32_t i = 0; i < ndim && !r->bad; i++) {
+        if (shape[i] < 0)
+            bad(r, "dimension %d is negative (%lld)", i, (long long)shape[i]);
+        else if (__builtin_mul_overflow(bytes, (size_t)shape[i], &bytes) || bytes > (size_t)INT64_MAX)
+            bad(r, "the shape's size in bytes overflows");
+    }
 }
 
 void cx_request_free(cx_request *r)
@@ -217,42 +286,58 @@ cfx_status cx_encode_requests(const cx_request_list *l, cx_bytes *out)
     return out->failed ? cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory encoding requests") : CFX_OK;
 }
 
+/* The smallest encoded request and response (every string absent or empty, ndim 0, no rows):
+ * a count above len / these cannot be real, so it never sizes an allocation. */
+#define WIRE_MIN_REQUEST 43
+#define WIRE_MIN_RESPONSE 59
+
 cfx_status cx_decode_requests(const void *data, size_t len, cx_request_list *out)
 {
     memset(out, 0, sizeof *out);
-    reader r = {data, (const uint8_t *)data + len, false};
-    if (get_u32(&r) != WIRE_MAGIC_REQUESTS)
-        return cx_fail(CFX_ERR_INTERNAL, "malformed request list: bad magic (%zu bytes)", len);
-    out->rank = get_i32(&r);
-    out->flags = get_u32(&r);
-    uint32_t count = get_u32(&r);
-    /* Each request takes at least 42 bytes: bound the allocation by the input. */
-    if (r.bad || count > len / 42)
-        return cx_fail(CFX_ERR_INTERNAL, "malformed request list: count %u for %zu bytes", count, len);
-    out->items = calloc(count ? count : 1, sizeof *out->items);
-    if (!out->items)
+    reader r = reader_of(data, len, "request");
+    uint32_t magic = get_u32(&r, "magic");
+    if (!r.bad && magic != WIRE_MAGIC_REQUESTS)
+        bad(&r, "magic 0x%08x is not a request list's (0x%08x)", magic, WIRE_MAGIC_REQUESTS);
+    out->rank = get_i32(&r, "rank");
+    bool rank_known = !r.bad && out->rank >= 0;
+    if (!r.bad && out->rank < 0)
+        bad(&r, "rank %d is negative", out->rank);
+    out->flags = get_u32(&r, "flags");
+    uint32_t count = get_u32(&r, "count");
+    if (!r.bad && count > len / WIRE_MIN_REQUEST)
+        bad(&r, "count %u cannot fit in %zu bytes", count, len);
+    if (!r.bad && !(out->items = calloc(count ? count : 1, sizeof *out->items)))
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory decoding %u requests", count);
     for (uint32_t i = 0; i < count && !r.bad; i++) {
         cx_request *q = &out->items[i];
         out->count = i + 1;
-        q->coll = get_u8(&r);
-        q->dtype = get_u8(&r);
-        q->op = get_u8(&r);
-        q->device = get_i32(&r);
-        q->root = get_i32(&r);
-        q->prescale = get_f64(&r);
-        q->postscale = get_f64(&r);
-        q->group_size = get_u32(&r);
-        q->name = get_str(&r);
-        q->group = get_str(&r);
+        r.item = i;
+        q->coll = get_u8(&r, "collective");
+        q->dtype = get_u8(&r, "dtype");
+        q->op = get_u8(&r, "op");
+        q->device = get_i32(&r, "device");
+        q->root = get_i32(&r, "root");
+        q->prescale = get_f64(&r, "prescale");
+        q->postscale = get_f64(&r, "postscale");
+        q->group_size = get_u32(&r, "group size");
+        q->name = get_str(&r, "name");
+        if (!r.bad && !q->name)
+            bad(&r, "the name is missing");
+        q->group = get_str(&r, "group");
         get_shape(&r, &q->ndim, q->shape);
-        if (!q->name)
-            r.bad = true;
+        check_common(&r, q->coll, q->dtype, q->op, q->device, q->root, q->prescale, q->postscale,
+                     q->ndim, q->shape);
     }
-    if (r.bad || r.p != r.end)
-        return cx_fail(CFX_ERR_INTERNAL, "malformed request list from rank %d (%zu bytes)",
-                       out->rank, len);
-    return CFX_OK;
+    r.item = -1;
+    if (!r.bad && r.p != r.end)
+        bad(&r, "%zu bytes left over after %u requests", left(&r), count);
+    if (!r.bad)
+        return CFX_OK;
+    char peer[32] = "an unknown rank";
+    if (rank_known)
+        snprintf(peer, sizeof peer, "rank %d", out->rank);
+    return cx_fail(CFX_ERR_TRANSPORT, "malformed request list from %s (%zu bytes): %s", peer, len,
+                   r.why);
 }
 
 cfx_status cx_encode_responses(const cx_response_list *l, cx_bytes *out)
@@ -291,62 +376,149 @@ cfx_status cx_encode_responses(const cx_response_list *l, cx_bytes *out)
 cfx_status cx_decode_responses(const void *data, size_t len, cx_response_list *out)
 {
     memset(out, 0, sizeof *out);
-    reader r = {data, (const uint8_t *)data + len, false};
-    if (get_u32(&r) != WIRE_MAGIC_RESPONSES)
-        return cx_fail(CFX_ERR_INTERNAL, "malformed response list: bad magic (%zu bytes)", len);
-    out->flags = get_u32(&r);
-    uint32_t count = get_u32(&r);
-    if (r.bad || count > len / 50)
-        return cx_fail(CFX_ERR_INTERNAL, "malformed response list: count %u for %zu bytes", count, len);
-    out->items = calloc(count ? count : 1, sizeof *out->items);
-    if (!out->items)
+    reader r = reader_of(data, len, "response");
+    uint32_t magic = get_u32(&r, "magic");
+    if (!r.bad && magic != WIRE_MAGIC_RESPONSES)
+        bad(&r, "magic 0x%08x is not a response list's (0x%08x)", magic, WIRE_MAGIC_RESPONSES);
+    out->flags = get_u32(&r, "flags");
+    uint32_t count = get_u32(&r, "count");
+    if (!r.bad && count > len / WIRE_MIN_RESPONSE)
+        bad(&r, "count %u cannot fit in %zu bytes", count, len);
+    if (!r.bad && !(out->items = calloc(count ? count : 1, sizeof *out->items)))
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory decoding %u responses", count);
     for (uint32_t i = 0; i < count && !r.bad; i++) {
         cx_response *s = &out->items[i];
         out->count = i + 1;
-        s->coll = get_u8(&r);
-        s->dtype = get_u8(&r);
-        s->op = get_u8(&r);
-        s->device = get_i32(&r);
-        s->root = get_i32(&r);
-        s->prescale = get_f64(&r);
-        s->postscale = get_f64(&r);
-        s->group_size = get_u32(&r);
-        s->status = get_i32(&r);
-        s->last_joined = get_i32(&r);
-        s->name = get_str(&r);
-        s->group = get_str(&r);
-        s->message = get_str(&r);
+        r.item = i;
+        s->coll = get_u8(&r, "collective");
+        s->dtype = get_u8(&r, "dtype");
+        s->op = get_u8(&r, "op");
+        s->device = get_i32(&r, "device");
+        s->root = get_i32(&r, "root");
+        s->prescale = get_f64(&r, "prescale");
+        s->postscale = get_f64(&r, "postscale");
+        s->group_size = get_u32(&r, "group size");
+        s->status = get_i32(&r, "status");
+        s->last_joined = get_i32(&r, "last joined rank");
+        s->name = get_str(&r, "name");
+        if (!r.bad && !s->name)
+            bad(&r, "the name is missing");
+        s->group = get_str(&r, "group");
+        s->message = get_str(&r, "message");
         get_shape(&r, &s->ndim, s->shape);
-        uint32_t nrows = get_u32(&r);
-        if (nrows) {
-            if (nrows > (size_t)(r.end - r.p) / 8) {
-                r.bad = true;
-                break;
+        uint32_t nrows = get_u32(&r, "row count");
+        if (!r.bad && nrows > left(&r) / 8)
+            bad(&r, "%u rows cannot fit in the %zu bytes left", nrows, left(&r));
+        if (!r.bad && nrows) {
+            if (!(s->rank_rows = malloc(sizeof(int64_t) * nrows)))
+                bad(&r, "out of memory for %u rows", nrows);
+            else
+                s->nrows = nrows;
+            for (uint32_t j = 0; j < s->nrows; j++) {
+                s->rank_rows[j] = get_i64(&r, "rows");
+                if (!r.bad && s->rank_rows[j] < 0)
+                    bad(&r, "rank %u's row count is negative (%lld)", j, (long long)s->rank_rows[j]);
             }
-            s->rank_rows = malloc(sizeof(int64_t) * nrows);
-            if (!s->rank_rows) {
-                r.bad = true;
-                break;
-            }
-            s->nrows = nrows;
-            for (uint32_t j = 0; j < nrows; j++)
-                s->rank_rows[j] = get_i64(&r);
         }
-        if (!s->name)
-            r.bad = true;
+        check_common(&r, s->coll, s->dtype, s->op, s->device, s->root, s->prescale, s->postscale,
+                     s->ndim, s->shape);
+        if (!r.bad && s->status < 0)
+            bad(&r, "status %d is negative", s->status);
+        if (!r.bad && s->last_joined < -1)
+            bad(&r, "last joined rank %d is negative", s->last_joined);
     }
+    r.item = -1;
     if (!r.bad && (out->flags & CX_LIST_TUNED)) {
-        out->tuned_fusion_threshold = get_i64(&r);
-        out->tuned_chunk_bytes = get_i64(&r);
-        out->tuned_cycle_time_ms = get_f64(&r);
-        if (out->tuned_fusion_threshold < 0 || out->tuned_chunk_bytes < 64 ||
-            !(out->tuned_cycle_time_ms > 0))
-            r.bad = true;
+        out->tuned_fusion_threshold = get_i64(&r, "tuned fusion threshold");
+        out->tuned_chunk_bytes = get_i64(&r, "tuned chunk size");
+        out->tuned_cycle_time_ms = get_f64(&r, "tuned cycle time");
+        if (!r.bad && (out->tuned_fusion_threshold < 0 || out->tuned_chunk_bytes < CX_CHUNK_MIN ||
+                       !(out->tuned_cycle_time_ms >= CX_CYCLE_TIME_MIN_MS &&
+                         out->tuned_cycle_time_ms <= CX_CYCLE_TIME_MAX_MS)))
+            bad(&r, "tuned parameters out of range (fusion %lld B, chunk %lld B, cycle %g ms)",
+                (long long)out->tuned_fusion_threshold, (long long)out->tuned_chunk_bytes,
+                out->tuned_cycle_time_ms);
     }
-    if (r.bad || r.p != r.end)
-        return cx_fail(CFX_ERR_INTERNAL, "malformed response list (%zu bytes)", len);
-    return CFX_OK;
+    if (!r.bad && r.p != r.end)
+        bad(&r, "%zu bytes left over after %u responses", left(&r), count);
+    if (!r.bad)
+        return CFX_OK;
+    return cx_fail(CFX_ERR_TRANSPORT, "malformed response list from the coordinator (rank 0, "
+                   "%zu bytes): %s", len, r.why);
+}
+
+/* ---- the handshake (see wire.h) -------------------------------------------------------------- */
+
+cfx_status cx_encode_hello(const cx_hello *h, cx_bytes *out)
+{
+    put_u32(out, WIRE_MAGIC_HELLO);
+    put_u16(out, h->lib_major);
+    put_u16(out, h->lib_minor);
+    put_u16(out, h->lib_patch);
+    put_u16(out, h->wire_major);
+    put_u16(out, h->wire_minor);
+    put_u32(out, h->features);
+    return out->failed ? cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory encoding the handshake")
+                       : CFX_OK;
+}
+
+/* One rank's record. A record that is too short or carries another magic is not an error of the
+ * table: it says that rank speaks no handshake this library knows (readable = false). */
+static void get_hello(reader *r, uint32_t n, cx_hello *h)
+{
+    memset(h, 0, sizeof *h);
+    h->bytes = n;
+    reader rec = {.start = r->p, .p = r->p, .end = r->p + n, .kind = "record", .item = -1};
+    r->p += n;
+    uint32_t magic = get_u32(&rec, "magic");
+    h->lib_major = get_u16(&rec, "library major");
+    h->lib_minor = get_u16(&rec, "library minor");
+    h->lib_patch = get_u16(&rec, "library patch");
+    h->wire_major = get_u16(&rec, "wire major");
+    h->wire_minor = get_u16(&rec, "wire minor");
+    h->features = get_u32(&rec, "features");
+    h->readable = !rec.bad && magic == WIRE_MAGIC_HELLO; /* later versions may append fields */
+}
+
+cfx_status cx_encode_hello_table(const void *records, const size_t *lens, int count, cx_bytes *out)
+{
+    put_u32(out, WIRE_MAGIC_HELLO_TABLE);
+    put_u32(out, (uint32_t)count);
+    size_t off = 0;
+    for (int i = 0; i < count; i++) {
+        put_u32(out, (uint32_t)lens[i]);
+        put(out, lens[i] ? (const uint8_t *)records + off : NULL, lens[i]);
+        off += lens[i];
+    }
+    return out->failed ? cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory encoding the handshake")
+                       : CFX_OK;
+}
+
+cfx_status cx_decode_hello_table(const void *data, size_t len, int count, cx_hello *out)
+{
+    reader r = reader_of(data, len, "rank");
+    memset(out, 0, sizeof *out * (size_t)count);
+    uint32_t magic = get_u32(&r, "magic");
+    if (!r.bad && magic != WIRE_MAGIC_HELLO_TABLE)
+        bad(&r, "magic 0x%08x is not a handshake table's (0x%08x)", magic, WIRE_MAGIC_HELLO_TABLE);
+    uint32_t n = get_u32(&r, "count");
+    if (!r.bad && n != (uint32_t)count)
+        bad(&r, "%u records for %d ranks", n, count);
+    for (int i = 0; i < count && !r.bad; i++) {
+        r.item = i;
+        uint32_t rec = get_u32(&r, "record length");
+        if (!r.bad && rec > left(&r))
+            bad(&r, "record length %u runs past the end (%zu bytes left)", rec, left(&r));
+        if (!r.bad)
+            get_hello(&r, rec, &out[i]);
+    }
+    r.item = -1;
+    if (!r.bad && r.p != r.end)
+        bad(&r, "%zu bytes left over after %d records", left(&r), count);
+    if (!r.bad)
+        return CFX_OK;
+    return cx_fail(CFX_ERR_TRANSPORT, "malformed handshake table from rank 0 (%zu bytes): %s", len,
+                   r.why);
 }
 
 int64_t cx_shape_elements(int32_t ndim, const int64_t *shape)

@@ -4,7 +4,13 @@
  * A request is one rank's description of one tensor it submitted; a response is the coordinator's
  * decision for one tensor (run it with these parameters, or fail it with this message). Lists of
  * them travel as little-endian byte strings over the transport's control plane. Decoding checks
- * every length against the buffer, so a corrupt message is an error, never a crash.
+ * every length against the bytes that are there before it reads or allocates, and every field
+ * against what a rank could have sent (known enums, shapes whose size fits, finite scales), so a
+ * corrupt message is a CFX_ERR_TRANSPORT naming the peer and the first thing wrong, never a crash
+ * (tests/fuzz feeds the decoders arbitrary bytes under ASan and UBSan).
+ *
+ * The handshake (protocol/handshake.c) exchanges one hello record per rank before anything else;
+ * its layout is frozen, so that ranks of any two versions can tell each other apart.
  */
 #ifndef CFX_WIRE_H
 #define CFX_WIRE_H
@@ -14,6 +20,13 @@
 #include <stdint.h>
 
 #include "conflux/conflux.h"
+
+/* The wire protocol: every byte ranks exchange (these lists, the handshake, the agreed settings,
+ * the cycle's bit vector, the shared-memory segment). A minor version is a change an older peer
+ * still talks to (ranks with the same major go on, with a log line); any other change bumps the
+ * major, and ranks whose majors differ refuse to start (CFX_ERR_VERSION). */
+#define CX_WIRE_VERSION_MAJOR 1
+#define CX_WIRE_VERSION_MINOR 0
 
 typedef struct cx_request {
     char *name;  /* owned */
@@ -83,9 +96,29 @@ cfx_status cx_encode_requests(const cx_request_list *l, cx_bytes *out);
 cfx_status cx_encode_responses(const cx_response_list *l, cx_bytes *out);
 
 /* Decodes a whole byte string into *out (freed with the _free functions, also on failure).
- * CFX_ERR_INTERNAL with a message when the bytes are malformed. */
+ * CFX_ERR_TRANSPORT when the bytes are malformed, with a message naming the sender (requests: the
+ * rank its header gives; responses: the coordinator) and what was wrong. */
 cfx_status cx_decode_requests(const void *data, size_t len, cx_request_list *out);
 cfx_status cx_decode_responses(const void *data, size_t len, cx_response_list *out);
+
+/* What one rank tells the others at init: library version, wire protocol, build features. */
+typedef struct cx_hello {
+    uint16_t lib_major, lib_minor, lib_patch;
+    uint16_t wire_major, wire_minor;
+    uint32_t features; /* CFX_FEATURE_* bits of the build (not the run-time device bit) */
+    /* Decoding only: */
+    bool readable;  /* false: the record is no handshake this library reads (fields zero) */
+    uint32_t bytes; /* the record's length */
+} cx_hello;
+
+/* The record (frozen: magic, the five versions, features; later versions may only append). */
+cfx_status cx_encode_hello(const cx_hello *h, cx_bytes *out);
+/* The table rank 0 broadcasts: `count` records, record i being lens[i] bytes of `records`
+ * (concatenated, as gather_bytes delivers them). */
+cfx_status cx_encode_hello_table(const void *records, const size_t *lens, int count, cx_bytes *out);
+/* Decodes the table into out[0..count). A record nobody could read is not a failure of the
+ * table (out[i].readable = false); a table that does not parse is CFX_ERR_TRANSPORT. */
+cfx_status cx_decode_hello_table(const void *data, size_t len, int count, cx_hello *out);
 
 /* Whether two device fields name the same kind of memory (CPU, or CUDA). Ranks must agree on the
  * kind; the CUDA ordinal itself is local to each rank (docs/gpu.md), so it is never compared. */
