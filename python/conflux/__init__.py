@@ -115,11 +115,13 @@ def shared_array(shape, dtype=_np.float32):
 
 
 def _output_like(a):
-    """An out-of-place result for input `a`: in shared tensor memory when `a` is (so the batch can
-    still take the direct path), else an ordinary array."""
+    """An out-of-place result for input `a` and its address: in shared tensor memory when `a` is
+    (so the batch can still take the direct path), else an ordinary array."""
     if _capi.cfx_is_shared(a.__array_interface__["data"][0], a.nbytes):
-        return shared_array(a.shape, a.dtype)
-    return _np.empty_like(a, order="C")
+        out = shared_array(a.shape, a.dtype)
+    else:
+        out = _np.empty_like(a, order="C")
+    return out, out.__array_interface__["data"][0]
 
 
 def _copy(a, what):
@@ -147,8 +149,8 @@ _DOCS = {
 }
 _ops.install(globals(), _ops.Adapter(
     nouns=("array", "arrays"), inplace=_inplace, input=_input, copy=_copy, describe=_describe,
-    address=lambda a: a.__array_interface__["data"][0], output_like=_output_like,
-    ndim=lambda a: a.ndim, output=lambda handle, index, like: handle.output(index, _allocate),
+    output_like=_output_like, ndim=lambda a: a.ndim,
+    output=lambda handle, index, like: handle.output(index, _allocate),
     as_splits=lambda splits: _np.array(splits, dtype=_np.int64), autograd={}, differentiable=None),
     _DOCS)
 

@@ -83,8 +83,7 @@ class Adapter(NamedTuple):
     input: Callable        # (x, what) -> a contiguous tensor of x's values (x itself if it is)
     copy: Callable         # (x, what) -> a new contiguous tensor of x's values
     describe: Callable     # (t) -> the ABI's tuple (address, dtype, shape[, device, stream])
-    address: Callable      # (t) -> the address of t's first element
-    output_like: Callable  # (t) -> a new tensor for t's LIKE result
+    output_like: Callable  # (t) -> (a new tensor for t's LIKE result, the address of its memory)
     ndim: Callable         # (t) -> t's number of dimensions
     output: Callable       # (handle, index, t) -> output `index` of a completed handle, as a new
     #                        tensor (t: the input it belongs to)
@@ -102,16 +101,16 @@ class Adapter(NamedTuple):
 _ASYNC = {
     (LIKE, False): """\
     t = input({x}, WHAT)
-    out = output_like(t)
-    return submit(ENTRY, (check_name(name), describe(t), address(out){abi}), (t, out),
+    out, address = output_like(t)
+    return submit(ENTRY, (check_name(name), describe(t), address{abi}), (t, out),
                   lambda h: out, WHAT, name)
 """,
     (LIKE, True): """\
     ts = [input(x, WHAT) for x in {x}]
-    outs = [output_like(t) for t in ts]
-    addresses = [address(o) for o in outs]
-    return submit(ENTRY, (check_name(name), [describe(t) for t in ts], addresses{abi}), (ts, outs),
-                  lambda h: list(outs), WHAT, name)
+    made = [output_like(t) for t in ts]
+    outs = [out for out, _ in made]
+    return submit(ENTRY, (check_name(name), [describe(t) for t in ts], [a for _, a in made]{abi}),
+                  (ts, outs), lambda h: list(outs), WHAT, name)
 """,
     (COPY, False): """\
     return {base}_async_(copy({x}, WHAT), {params})

@@ -131,11 +131,14 @@ def shared_zeros(*size, dtype=torch.float32):
 
 
 def _output_like(t):
-    """An out-of-place result for the contiguous tensor `t`: in shared tensor memory when `t` is
-    (so the batch can still take the direct path), else an ordinary tensor on t's device."""
+    """An out-of-place result for the contiguous tensor `t` and its address: in shared tensor
+    memory when `t` is (so the batch can still take the direct path), else an ordinary tensor on
+    t's device."""
     if t.device.type == "cpu" and _capi.cfx_is_shared(t.data_ptr(), t.numel() * t.element_size()):
-        return shared_empty(tuple(t.shape), dtype=t.dtype)
-    return torch.empty_like(t, memory_format=torch.contiguous_format)
+        out = shared_empty(tuple(t.shape), dtype=t.dtype)
+    else:
+        out = torch.empty_like(t, memory_format=torch.contiguous_format)
+    return out, out.data_ptr()
 
 
 def poll(handle):
@@ -219,8 +222,8 @@ _DOCS = {
 }
 _ADAPTER = _ops.Adapter(
     nouns=("tensor", "tensors"), inplace=_inplace, input=_input, copy=_copy, describe=_describe,
-    address=lambda t: t.data_ptr(), output_like=_output_like, ndim=lambda t: t.dim(),
-    output=_output, as_splits=lambda splits: torch.tensor(splits, dtype=torch.int32),
+    output_like=_output_like, ndim=lambda t: t.dim(), output=_output,
+    as_splits=lambda splits: torch.tensor(splits, dtype=torch.int32),
     autograd={"allreduce": _AllreduceFn, "allgather": _AllgatherFn, "broadcast": _BroadcastFn},
     differentiable=_differentiable)
 _ops.install(globals(), _ADAPTER, _DOCS)
