@@ -166,6 +166,28 @@ static cx_entry *remove_hit(cx_loop *L, size_t bit)
     return e;
 }
 
+/* Some rank has joined: this rank's cache hits that cannot take part in join (anything but
+ * allreduce) fail now, whatever the other ranks submitted, so none waits for a rank that will not
+ * come (the coordinator does the same for requests on the slow path). */
+static void fail_unjoinable_hits(cx_loop *L)
+{
+    size_t words = words_for(L->cache.nbits);
+    for (size_t w = 0; w < words; w++) {
+        for (uint64_t m = L->hit_mask[w]; m; m &= m - 1) {
+            size_t b = w * 64 + (size_t)__builtin_ctzll(m);
+            const cx_response *r = cx_cache_get(&L->cache, b);
+            if (!r || r->coll == CX_ALLREDUCE || !L->hit_entry[b])
+                continue;
+            cx_entry *e = cx_queue_take(L->env.queue, L->hit_entry[b]->req.name);
+            remove_hit(L, b);
+            char msg[CX_ERROR_MAX];
+            snprintf(msg, sizeof msg, "tensor '%s': %s cannot run while ranks have joined; only "
+                     "allreduce takes part in join", r->name, cx_coll_name(r->coll));
+            cx_exec_complete(&L->exec, e, CFX_ERR_JOINED, msg);
+        }
+    }
+}
+
 static void mark_invalid(cx_loop *L, size_t bit)
 {
     L->invalid_mask[bit / 64] |= 1ull << (bit % 64);
@@ -499,6 +521,8 @@ static cfx_status cycle(cx_loop *L, bool *progress, bool *stop)
             remove_hit(L, b);
         }
     }
+    if (!st && joined_any && !L->exec.joined)
+        fail_unjoinable_hits(L);
     if (!st && (uncached_any || invalid_any))
         st = slow_path(L, now, &responses);
     if (!st && responses.count) {
