@@ -1,7 +1,8 @@
 /*
  * gpu_test - the few helpers the GPU tests share: checks that count failures, the skip protocol
  * (a "skipped: no CUDA device (<reason>)" line and exit code 77, which ctest reports as skipped,
- * never as passed) and a deterministic random source.
+ * never as passed; a failure instead under CFX_TEST_GPU_REQUIRED) and a deterministic random
+ * source.
  */
 #ifndef CFX_GPU_TEST_H
 #define CFX_GPU_TEST_H
@@ -44,8 +45,15 @@ static int gpu_test_failures;
         }                                                                                         \
     } while (0)
 
+/* CFX_TEST_GPU_REQUIRED=1 (tests/gpu/run.sh on a GPU machine) turns the skip into a failure. */
 static inline int gpu_test_skip(const char *test, const char *reason)
 {
+    const char *required = getenv("CFX_TEST_GPU_REQUIRED");
+    if (required && *required && *required != '0') {
+        printf("%s: FAILED: no CUDA device (%s), but CFX_TEST_GPU_REQUIRED is set\n", test, reason);
+        fflush(stdout);
+        return 1;
+    }
     printf("%s: skipped: no CUDA device (%s)\n", test, reason);
     fflush(stdout);
     return GPU_TEST_SKIP;

@@ -22,34 +22,54 @@
 
 static const char *const TEST = "test_nccl_one_rank";
 
+/* ncclBfloat16 is 9 from NCCL 2.10; before 2.19 nccl.h declares it only for CUDA compilers. */
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+#define WANT_BF16 9
+#else
+#define WANT_BF16 (-1)
+#endif
+
+static int is_float(int dt)
+{
+    return dt == CFX_FLOAT16 || dt == CFX_BFLOAT16 || dt == CFX_FLOAT32 || dt == CFX_FLOAT64;
+}
+
 static void test_mapping(void)
 {
     static const int dtypes[CFX_DTYPE_COUNT] = {
         [CFX_UINT8] = ncclUint8,     [CFX_INT8] = ncclInt8,       [CFX_UINT16] = -1,
         [CFX_INT16] = -1,            [CFX_INT32] = ncclInt32,     [CFX_INT64] = ncclInt64,
-        [CFX_FLOAT16] = ncclFloat16, [CFX_BFLOAT16] = ncclBfloat16, [CFX_FLOAT32] = ncclFloat32,
+        [CFX_FLOAT16] = ncclFloat16, [CFX_BFLOAT16] = WANT_BF16,  [CFX_FLOAT32] = ncclFloat32,
         [CFX_FLOAT64] = ncclFloat64, [CFX_BOOL] = ncclUint8};
-    static const int ops[CFX_OP_COUNT] = {ncclSum, ncclSum, ncclMin, ncclMax, ncclProd};
-    static const int bool_ops[CFX_OP_COUNT] = {ncclMax, ncclMax, ncclMin, ncclMax, ncclMin};
+    /* sum, average, min, max, product; later ops are not one NCCL reduction */
+    static const int ops[] = {ncclSum, ncclSum, ncclMin, ncclMax, ncclProd};
+    static const int bool_ops[] = {ncclMax, ncclMax, ncclMin, ncclMax, ncclMin};
+    const int nops = (int)(sizeof ops / sizeof ops[0]);
     for (int dt = 0; dt < CFX_DTYPE_COUNT; dt++) {
         for (int op = 0; op < CFX_OP_COUNT; op++) {
             int nd = -7, no = -7;
             cfx_status st = cx_nccl_map((cfx_dtype)dt, (cfx_reduce_op)op, &nd, &no);
-            if (dtypes[dt] < 0) {
+            if (dtypes[dt] < 0 || op >= nops) {
                 CHECK(st == CFX_ERR_UNSUPPORTED && nd == -7, "%s mapped", cfx_dtype_name((cfx_dtype)dt));
-                CHECK(!cx_nccl_reducible((cfx_dtype)dt), "%s reducible", cfx_dtype_name((cfx_dtype)dt));
+                CHECK(!cx_nccl_reducible((cfx_dtype)dt, (cfx_reduce_op)op), "%s reducible",
+                      cfx_dtype_name((cfx_dtype)dt));
                 continue;
             }
             int want_op = dt == CFX_BOOL ? bool_ops[op] : ops[op];
             CHECK(st == CFX_OK && nd == dtypes[dt] && no == want_op, "%s/%s -> %d/%d (status %d), "
                   "want %d/%d", cfx_dtype_name((cfx_dtype)dt), cfx_op_name((cfx_reduce_op)op), nd, no,
                   (int)st, dtypes[dt], want_op);
-            CHECK(cx_nccl_reducible((cfx_dtype)dt), "%s not reducible", cfx_dtype_name((cfx_dtype)dt));
+            /* float min/max: NCCL drops NaN, reduce.c propagates it; the engine stages them */
+            bool want = !(is_float(dt) && (op == CFX_OP_MIN || op == CFX_OP_MAX));
+            CHECK(cx_nccl_reducible((cfx_dtype)dt, (cfx_reduce_op)op) == want, "%s/%s: reducible "
+                  "%d, want %d", cfx_dtype_name((cfx_dtype)dt), cfx_op_name((cfx_reduce_op)op),
+                  (int)cx_nccl_reducible((cfx_dtype)dt, (cfx_reduce_op)op), (int)want);
         }
     }
     int nd, no;
     CHECK(cx_nccl_map((cfx_dtype)11, CFX_OP_SUM, &nd, &no) == CFX_ERR_INVALID_ARGUMENT, "dtype 11");
-    CHECK(cx_nccl_map(CFX_FLOAT32, (cfx_reduce_op)5, &nd, &no) == CFX_ERR_INVALID_ARGUMENT, "op 5");
+    CHECK(cx_nccl_map(CFX_FLOAT32, (cfx_reduce_op)CFX_OP_COUNT, &nd, &no) == CFX_ERR_INVALID_ARGUMENT,
+          "op %d", CFX_OP_COUNT);
 }
 
 static void *dev_from(const void *h, size_t bytes)
@@ -185,7 +205,10 @@ int main(void)
         snprintf(reason, sizeof reason, "%s", cx_error_message());
         /* Without a device the set-up must fail cleanly with a message, not crash or hang. */
         cx_nccl *c = (cx_nccl *)&id; /* any non-NULL value: it must be reset */
-        cfx_status st = cx_nccl_comm_create(0, 1, id, 0, &c);
+        CHECK(cx_nccl_comm_create(0, 1, id, 0, NULL, 0.0, &c) == CFX_ERR_INVALID_ARGUMENT && !c,
+              "a set-up without a deadline was accepted");
+        c = (cx_nccl *)&id;
+        cfx_status st = cx_nccl_comm_create(0, 1, id, 0, NULL, 10.0, &c);
         CHECK((st == CFX_ERR_CUDA || st == CFX_ERR_NCCL) && c == NULL && cx_error_message()[0],
               "communicator without a device: status %d, message '%s'", (int)st, cx_error_message());
         if (gpu_test_failures)
@@ -193,9 +216,23 @@ int main(void)
         return gpu_test_skip(TEST, reason);
     }
     cx_nccl *c = NULL;
-    REQUIRE_OK(cx_nccl_comm_create(0, 1, id, 0, &c));
-    CHECK(cx_nccl_rank(c) == 0 && cx_nccl_size(c) == 1 && cx_nccl_device(c) == 0, "topology");
+    void *stream = NULL;
+    REQUIRE_OK(cx_cuda_set_device(0));
+    REQUIRE_OK(cx_cuda_stream_create(&stream));
+    REQUIRE_OK(cx_nccl_comm_create(0, 1, id, 0, stream, 60.0, &c));
+    CHECK(cx_nccl_rank(c) == 0 && cx_nccl_size(c) == 1 && cx_nccl_device(c) == 0 &&
+          cx_nccl_stream(c) == stream, "topology");
     test_collectives(c);
+    /* An aborted communicator refuses work at once and is still destroyed cleanly. */
+    cx_nccl_abort(c);
+    CHECK(cx_nccl_failed(c), "an aborted communicator does not say so");
+    CHECK(cx_nccl_broadcast(c, stream, 4, 0) == CFX_ERR_NCCL, "an aborted communicator took work");
     cx_nccl_comm_destroy(c);
+    /* A second communicator on the same stream after the abort: set-up still works. */
+    REQUIRE_OK(cx_nccl_get_unique_id(id));
+    REQUIRE_OK(cx_nccl_comm_create(0, 1, id, 0, stream, 60.0, &c));
+    CHECK(!cx_nccl_failed(c), "a fresh communicator says it failed");
+    cx_nccl_comm_destroy(c);
+    cx_cuda_stream_destroy(stream);
     return gpu_test_finish(TEST);
 }

@@ -27,6 +27,18 @@ static cfx_status cuda_fail(cudaError_t e, const char *what)
             return cuda_fail(e_, #call);                                                          \
     } while (0)
 
+/* Right before a launch: cudaGetLastError() then holds only what an earlier call left behind. A
+ * cudaErrorNotReady from a query is not a failure (and is cleared, so that the launch's own status
+ * is its own); anything else is reported as pending, before the launch adds to it. */
+static cfx_status before_launch(const char *what)
+{
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess || e == cudaErrorNotReady)
+        return CFX_OK;
+    return cx_fail(CFX_ERR_CUDA, "a CUDA error was pending before the %s: %s (%d): %s", what,
+                   cudaGetErrorName(e), (int)e, cudaGetErrorString(e));
+}
+
 /* A launch reports a bad configuration at once; errors of the kernel itself surface later on the
  * stream (event query / stream sync). */
 static cfx_status launch_status(const char *what)
@@ -132,6 +144,42 @@ extern "C" void cx_cuda_free(void *ptr)
         (void)cudaFree(ptr);
 }
 
+/* Whether the current device has stream-ordered allocation (cudaMallocAsync, CUDA 11.2+). */
+static bool has_memory_pools(void)
+{
+    int dev = 0, pools = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return pools != 0;
+}
+
+extern "C" cfx_status cx_cuda_malloc_async(size_t bytes, void *stream, void **out)
+{
+    *out = NULL;
+    if (!has_memory_pools())
+        return cx_cuda_malloc(bytes, out);
+    cudaError_t e = cudaMallocAsync(out, bytes ? bytes : 1, (cudaStream_t)stream);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "cudaMallocAsync of %zu bytes: out of device memory",
+                       bytes);
+    }
+    return e == cudaSuccess ? CFX_OK : cuda_fail(e, "cudaMallocAsync");
+}
+
+extern "C" void cx_cuda_free_async(void *ptr, void *stream)
+{
+    if (!ptr)
+        return;
+    if (!has_memory_pools() || cudaFreeAsync(ptr, (cudaStream_t)stream) != cudaSuccess) {
+        (void)cudaGetLastError();
+        (void)cudaFree(ptr);
+    }
+}
+
 extern "C" cfx_status cx_cuda_host_alloc(size_t bytes, void **out)
 {
     *out = NULL;
@@ -190,8 +238,14 @@ extern "C" cfx_status cx_cuda_stream_sync(void *stream)
             return CFX_OK;
         if (e != cudaErrorNotReady)
             return cuda_fail(e, "cudaStreamQuery");
+        (void)cudaGetLastError(); /* not an error: the next launch must not report it as its own */
         backoff(&spins);
     }
+}
+
+extern "C" bool cx_cuda_stream_is_per_thread(const void *stream)
+{
+    return stream == (const void *)cudaStreamPerThread;
 }
 
 extern "C" cfx_status cx_cuda_event_create(void **out)
@@ -527,7 +581,7 @@ extern "C" void cx_cuda_batch_destroy(cx_cuda_batch *b)
     free(b);
 }
 
-static cfx_status batch_reserve(cx_cuda_batch *b, size_t n)
+static cfx_status batch_reserve(cx_cuda_batch *b, size_t n, cudaStream_t s)
 {
     if (n <= b->cap)
         return CFX_OK;
@@ -538,14 +592,19 @@ static cfx_status batch_reserve(cx_cuda_batch *b, size_t n)
         CUDA_TRY(cudaEventSynchronize(b->uploaded));
         b->pending = false;
     }
-    /* The old device array may still be read by a queued kernel: cudaFree waits for that. */
+    /* The old device array may still be read by a kernel queued on s: freed in stream order (no
+     * device-wide synchronisation where the device has memory pools). The old staging is idle
+     * (its last upload fired); freeing page-locked memory may synchronise, but this happens only
+     * when a batch has more tensors than every batch before it. */
     (void)cudaFreeHost(b->host);
-    (void)cudaFree(b->dev);
+    cx_cuda_free_async(b->dev, s);
     b->host = NULL;
     b->dev = NULL;
     b->cap = 0;
     CUDA_TRY(cudaHostAlloc((void **)&b->host, cap * sizeof *b->host, cudaHostAllocPortable));
-    CUDA_TRY(cudaMalloc((void **)&b->dev, cap * sizeof *b->dev));
+    cfx_status st = cx_cuda_malloc_async(cap * sizeof *b->dev, s, (void **)&b->dev);
+    if (st)
+        return st;
     b->cap = cap;
     return CFX_OK;
 }
@@ -556,7 +615,7 @@ extern "C" cfx_status cx_cuda_batch_set(cx_cuda_batch *b, const cx_cuda_tensor *
     if (!b || (n && !tensors) || !dtype_ok(dtype) || n > (size_t)INT32_MAX)
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cx_cuda_batch_set: bad batch, tensors, count "
                        "(%zu) or dtype (%d)", n, (int)dtype);
-    cfx_status st = batch_reserve(b, n);
+    cfx_status st = batch_reserve(b, n, (cudaStream_t)stream);
     if (st)
         return st;
     if (b->pending) { /* normally long done: the last upload preceded a whole collective */
@@ -610,6 +669,9 @@ static cfx_status batch_run(cx_cuda_batch *b, char *fusion, double scale, void *
     unsigned grid = grid_for(b->chunks);
     float fs = (float)scale;
     int copy = scale == 1.0 && b->dtype != CFX_BOOL; /* bool always normalises to 0/1 */
+    cfx_status st = before_launch(unpack ? "batch unpack launch" : "batch pack launch");
+    if (st)
+        return st;
 #define RUN(S) batch_kernel<S><<<grid, THREADS, 0, s>>>(b->dev, b->n, b->chunks, fusion, unpack, fs, scale, copy)
     CX_DISPATCH(b->dtype, RUN)
 #undef RUN
@@ -650,6 +712,9 @@ extern "C" cfx_status cx_cuda_scale(void *dst, const void *src, size_t count, cf
         return cx_cuda_memcpy_async(dst, src, count * dtype_bytes(dtype), stream);
     unsigned grid = grid_for((count + THREADS - 1) / THREADS);
     float fs = (float)scale;
+    cfx_status st = before_launch("scale launch");
+    if (st)
+        return st;
 #define RUN(S)                                                                                    \
     scale_kernel<S><<<grid, THREADS, 0, s>>>((S::T *)dst, (const S::T *)src, count, fs, scale)
     CX_DISPATCH(dtype, RUN)
@@ -674,6 +739,9 @@ extern "C" cfx_status cx_cuda_fill_identity(void *buf, size_t count, cfx_dtype d
     int k = op == CFX_OP_MIN ? 1 : op == CFX_OP_MAX ? 2 : op == CFX_OP_PRODUCT ? 3 : 0;
     unsigned grid = grid_for((count + THREADS - 1) / THREADS);
     cudaStream_t s = (cudaStream_t)stream;
+    cfx_status st = before_launch("identity fill launch");
+    if (st)
+        return st;
 #define PICK(zero, top, bottom, one) (k == 0 ? (zero) : k == 1 ? (top) : k == 2 ? (bottom) : (one))
     switch (dtype) {
     case CFX_UINT8: fill<uint8_t>(buf, count, (uint8_t)PICK(0, UINT8_MAX, 0, 1), grid, s); break;
@@ -710,6 +778,9 @@ extern "C" cfx_status cx_cuda_fill_identity(void *buf, size_t count, cfx_dtype d
         if (count == 0)                                                                           \
             return CFX_OK;                                                                        \
         unsigned grid = grid_for((count + THREADS - 1) / THREADS);                                \
+        cfx_status st = before_launch(#fn " launch");                                            \
+        if (st)                                                                                   \
+            return st;                                                                            \
         kernel<<<grid, THREADS, 0, (cudaStream_t)stream>>>(dst, src, count);                      \
         return launch_status(#fn " launch");                                                      \
     }

@@ -6,9 +6,13 @@
  *
  * The interface is plain C with no CUDA types: streams and events are `void *` (a cudaStream_t /
  * cudaEvent_t), so engine code including this header needs no CUDA include path. Every function is
- * asynchronous on the stream it is given unless it says otherwise, and none synchronises the whole
- * device. Failures return CFX_ERR_CUDA (or CFX_ERR_INVALID_ARGUMENT / CFX_ERR_OUT_OF_MEMORY) and set
- * the message with cx_fail(), naming the CUDA error.
+ * asynchronous on the stream it is given unless it says otherwise; only cx_cuda_free and
+ * cx_cuda_host_free may synchronise the whole device (CUDA's cudaFree/cudaFreeHost do), so the
+ * engine allocates its device buffers stream-ordered and its page-locked staging once. Each kernel
+ * launch first checks cudaGetLastError() (a cudaErrorNotReady left by a query is cleared, any other
+ * pending error is reported as such) and then the launch's own status. Failures return CFX_ERR_CUDA
+ * (or CFX_ERR_INVALID_ARGUMENT / CFX_ERR_OUT_OF_MEMORY) and set the message with cx_fail(), naming
+ * the CUDA error.
  *
  * Element semantics are those of reduce.h, so a device result is bitwise the host one:
  * float16/bfloat16 scale in float32 and round to nearest even; float32 scales by (float)factor;
@@ -59,6 +63,11 @@ cfx_status cx_cuda_pointer_device(const void *ptr, int *out);
 
 cfx_status cx_cuda_malloc(size_t bytes, void **out);
 void cx_cuda_free(void *ptr);                       /* accepts NULL; returns with the memory freed */
+/* Stream-ordered (cudaMallocAsync / cudaFreeAsync where the device has memory pools, else
+ * cudaMalloc / cudaFree): no device-wide synchronisation, and a free waits for the work queued on
+ * `stream` before it. CFX_ERR_OUT_OF_MEMORY when the device is full. */
+cfx_status cx_cuda_malloc_async(size_t bytes, void *stream, void **out);
+void cx_cuda_free_async(void *ptr, void *stream);   /* accepts NULL */
 cfx_status cx_cuda_host_alloc(size_t bytes, void **out); /* page-locked host memory */
 void cx_cuda_host_free(void *ptr);                  /* accepts NULL */
 
@@ -74,8 +83,13 @@ cfx_status cx_cuda_stream_create(void **out);
 void cx_cuda_stream_destroy(void *stream);          /* accepts NULL; pending work still completes */
 
 /* Waits on the host until `stream`'s work so far is done: a stream, never a device, sync. Spins
- * briefly and then sleeps, so the background thread does not burn a core. */
+ * briefly and then sleeps, so the background thread does not burn a core. Unbounded: the engine
+ * polls events against a deadline instead (device_exec.c). */
 cfx_status cx_cuda_stream_sync(void *stream);
+
+/* Whether `stream` is the handle cudaStreamPerThread (2), which means "the calling thread's
+ * default stream" and so names another stream on every thread. */
+bool cx_cuda_stream_is_per_thread(const void *stream);
 
 /* An event without timing (cheap to record and wait on). */
 cfx_status cx_cuda_event_create(void **out);

@@ -12,13 +12,61 @@
 #include "base/error.h"
 
 struct cx_nccl {
-    ncclComm_t comm;
-    cudaStream_t stream;
+    ncclComm_t comm;      /* NULL once aborted */
+    cudaStream_t stream;  /* the caller's (not owned) */
     int rank, size, device;
     bool failed;
+    double timeout_s;     /* how long a call on a non-blocking communicator may stay in progress */
 };
 
 _Static_assert(CX_NCCL_ID_BYTES == NCCL_UNIQUE_ID_BYTES, "NCCL unique id size changed");
+
+/* Non-blocking communicators (ncclConfig_t.blocking = 0) and ncclCommFinalize: NCCL 2.14. */
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
+#define CX_NCCL_NONBLOCKING 1
+#else
+#define CX_NCCL_NONBLOCKING 0
+#endif
+
+/* bfloat16: NCCL 2.10. Before 2.19 nccl.h declares ncclBfloat16 only for CUDA compilers
+ * (__CUDA_BF16_TYPES_EXIST__), so C code names it by its value, which is part of NCCL's ABI. */
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+#define CX_NCCL_BF16 ((ncclDataType_t)9)
+#endif
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void backoff(unsigned *spins)
+{
+    if (++*spins < 64)
+        return;
+    struct timespec ts = {0, *spins < 1024 ? 2000 : 50000}; /* 2 us, later 50 us */
+    nanosleep(&ts, NULL);
+}
+
+/* A call on a non-blocking communicator may return ncclInProgress: poll the communicator until it
+ * settles (its result), or until timeout_s passes (ncclInProgress is returned then). */
+static ncclResult_t settle(ncclComm_t comm, ncclResult_t r, double timeout_s)
+{
+    if (r != ncclInProgress || !comm)
+        return r;
+    double deadline = now_s() + timeout_s;
+    for (unsigned spins = 0;; backoff(&spins)) {
+        ncclResult_t state = ncclSuccess;
+        ncclResult_t q = ncclCommGetAsyncError(comm, &state);
+        if (q != ncclSuccess)
+            return q;
+        if (state != ncclInProgress)
+            return state;
+        if (now_s() > deadline)
+            return ncclInProgress;
+    }
+}
 
 /* ---- errors ----------------------------------------------------------------------------------- */
 
@@ -28,6 +76,9 @@ static cfx_status nccl_fail(cx_nccl *c, ncclResult_t r, const char *what)
     const char *detail = c && c->comm ? ncclGetLastError(c->comm) : ncclGetLastError(NULL);
     if (c && r != ncclInvalidArgument)
         c->failed = true;
+    if (r == ncclInProgress)
+        return cx_fail(CFX_ERR_TIMEOUT, "%s: still in progress after %.1f s on the non-blocking "
+                       "NCCL communicator (a peer may be gone)", what, c ? c->timeout_s : 0.0);
     return cx_fail(CFX_ERR_NCCL, "%s: %s (ncclResult %d)%s%s", what, ncclGetErrorString(r), (int)r,
                    detail && *detail ? ": " : "", detail ? detail : "");
 }
@@ -39,9 +90,14 @@ static cfx_status cuda_fail(cudaError_t e, const char *what)
                    cudaGetErrorString(e));
 }
 
+static ncclResult_t settle_on(cx_nccl *c, ncclResult_t r)
+{
+    return c ? settle(c->comm, r, c->timeout_s) : r;
+}
+
 #define NCCL_TRY(c, call)                                                                         \
     do {                                                                                          \
-        ncclResult_t r_ = (call);                                                                 \
+        ncclResult_t r_ = settle_on((c), (call));                                                 \
         if (r_ != ncclSuccess)                                                                    \
             return nccl_fail((c), r_, #call);                                                     \
     } while (0)
@@ -52,7 +108,7 @@ static cfx_status ready(cx_nccl *c, const char *what)
 {
     if (!c)
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: NULL communicator", what);
-    if (c->failed)
+    if (c->failed || !c->comm)
         return cx_fail(CFX_ERR_NCCL, "%s: the NCCL communicator failed earlier and was not "
                        "recovered", what);
     int cur = -1;
@@ -67,7 +123,7 @@ static cfx_status ready(cx_nccl *c, const char *what)
 /* Ends a group opened by the caller whatever happened inside, so NCCL's group depth stays right. */
 static cfx_status group_end(cx_nccl *c, cfx_status st, const char *what)
 {
-    ncclResult_t r = ncclGroupEnd();
+    ncclResult_t r = settle(c->comm, ncclGroupEnd(), c->timeout_s);
     if (st)
         return st;
     return r == ncclSuccess ? CFX_OK : nccl_fail(c, r, what);
@@ -75,9 +131,23 @@ static cfx_status group_end(cx_nccl *c, cfx_status st, const char *what)
 
 /* ---- mapping ---------------------------------------------------------------------------------- */
 
-bool cx_nccl_reducible(cfx_dtype dtype)
+static bool is_float(cfx_dtype dtype)
 {
-    return (unsigned)dtype < CFX_DTYPE_COUNT && dtype != CFX_UINT16 && dtype != CFX_INT16;
+    return dtype == CFX_FLOAT16 || dtype == CFX_BFLOAT16 || dtype == CFX_FLOAT32 ||
+           dtype == CFX_FLOAT64;
+}
+
+bool cx_nccl_reducible(cfx_dtype dtype, cfx_reduce_op op)
+{
+    if ((unsigned)dtype >= CFX_DTYPE_COUNT || dtype == CFX_UINT16 || dtype == CFX_INT16 ||
+        (unsigned)op > CFX_OP_PRODUCT) /* ops past product are not one NCCL reduction */
+        return false;
+#ifndef CX_NCCL_BF16
+    if (dtype == CFX_BFLOAT16)
+        return false;
+#endif
+    /* NCCL's float min/max return the other operand for a NaN; reduce.c returns NaN. */
+    return !(is_float(dtype) && (op == CFX_OP_MIN || op == CFX_OP_MAX));
 }
 
 static cfx_status map(cfx_dtype dtype, cfx_reduce_op op, ncclDataType_t *nd, ncclRedOp_t *no)
@@ -91,7 +161,14 @@ static cfx_status map(cfx_dtype dtype, cfx_reduce_op op, ncclDataType_t *nd, ncc
     case CFX_INT32: *nd = ncclInt32; break;
     case CFX_INT64: *nd = ncclInt64; break;
     case CFX_FLOAT16: *nd = ncclFloat16; break;
-    case CFX_BFLOAT16: *nd = ncclBfloat16; break;
+    case CFX_BFLOAT16:
+#ifdef CX_NCCL_BF16
+        *nd = CX_NCCL_BF16;
+        break;
+#else
+        return cx_fail(CFX_ERR_UNSUPPORTED, "NCCL %d has no bfloat16 (2.10 or later has)",
+                       NCCL_VERSION_CODE);
+#endif
     case CFX_FLOAT32: *nd = ncclFloat32; break;
     case CFX_FLOAT64: *nd = ncclFloat64; break;
     case CFX_BOOL: *nd = ncclUint8; break;
@@ -106,6 +183,9 @@ static cfx_status map(cfx_dtype dtype, cfx_reduce_op op, ncclDataType_t *nd, ncc
     case CFX_OP_MIN: *no = ncclMin; break;
     case CFX_OP_MAX: *no = ncclMax; break;
     case CFX_OP_PRODUCT: *no = dtype == CFX_BOOL ? ncclMin : ncclProd; break; /* bool and = min */
+    default: /* an op that is not one NCCL reduction: the host-staged path */
+        return cx_fail(CFX_ERR_UNSUPPORTED, "NCCL has no %s reduction (use the host-staged path)",
+                       cfx_op_name(op));
     }
     return CFX_OK;
 }
@@ -138,42 +218,73 @@ cfx_status cx_nccl_get_unique_id(unsigned char out[CX_NCCL_ID_BYTES])
     return CFX_OK;
 }
 
+/* Waits, against the deadline, for a non-blocking communicator's initialisation. */
+static cfx_status await_init(cx_nccl *c, ncclResult_t r)
+{
+    r = settle(c->comm, r, c->timeout_s);
+    if (r == ncclSuccess)
+        return CFX_OK;
+    cfx_status st = r == ncclInProgress
+                        ? cx_fail(CFX_ERR_TIMEOUT, "NCCL communicator set-up on rank %d of %d did "
+                                  "not finish within %.1f s (a peer may have failed its set-up)",
+                                  c->rank, c->size, c->timeout_s)
+                        : nccl_fail(NULL, r, "ncclCommInitRankConfig");
+    if (c->comm)
+        (void)ncclCommAbort(c->comm); /* also stops its bootstrap threads */
+    c->comm = NULL;
+    return st;
+}
+
 cfx_status cx_nccl_comm_create(int rank, int size, const unsigned char id[CX_NCCL_ID_BYTES],
-                               int device, cx_nccl **out)
+                               int device, void *stream, double timeout_s, cx_nccl **out)
 {
     *out = NULL;
-    if (size < 1 || rank < 0 || rank >= size || device < 0 || !id)
-        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cx_nccl_comm_create: rank %d of %d on device %d",
-                       rank, size, device);
+    if (size < 1 || rank < 0 || rank >= size || device < 0 || !id || !(timeout_s > 0))
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cx_nccl_comm_create: rank %d of %d on device %d, "
+                       "timeout %g s", rank, size, device, timeout_s);
     cx_nccl *c = calloc(1, sizeof *c);
     if (!c)
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for an NCCL communicator");
     c->rank = rank;
     c->size = size;
     c->device = device;
-    cfx_status st = CFX_OK;
+    c->stream = (cudaStream_t)stream;
+    c->timeout_s = timeout_s;
     cudaError_t e = cudaSetDevice(device);
-    if (e == cudaSuccess)
-        e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
-        st = cuda_fail(e, "NCCL communicator setup");
-        goto fail;
+        free(c);
+        return cuda_fail(e, "NCCL communicator set-up: cudaSetDevice");
     }
     ncclUniqueId uid;
     memcpy(uid.internal, id, CX_NCCL_ID_BYTES);
-    ncclResult_t r = ncclCommInitRank(&c->comm, size, uid, rank);
-    if (r != ncclSuccess) {
-        c->comm = NULL; /* init failed: nothing to destroy */
-        st = nccl_fail(NULL, r, "ncclCommInitRank");
-        goto fail;
+#if CX_NCCL_NONBLOCKING
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0; /* returns at once; polled against the deadline, aborted when it passes */
+    cfx_status st = await_init(c, ncclCommInitRankConfig(&c->comm, size, uid, rank, &config));
+#else
+    ncclResult_t r = ncclCommInitRank(&c->comm, size, uid, rank); /* blocks: no deadline */
+    cfx_status st = r == ncclSuccess ? CFX_OK : nccl_fail(NULL, r, "ncclCommInitRank");
+    if (st)
+        c->comm = NULL;
+#endif
+    if (st) {
+        free(c);
+        return st;
     }
     *out = c;
     return CFX_OK;
-fail:
-    if (c->stream)
-        (void)cudaStreamDestroy(c->stream);
-    free(c);
-    return st;
+}
+
+void cx_nccl_abort(cx_nccl *c)
+{
+    if (!c)
+        return;
+    c->failed = true;
+    if (c->comm) {
+        (void)cudaSetDevice(c->device);
+        (void)ncclCommAbort(c->comm); /* stops its kernels: work queued behind them can run */
+        c->comm = NULL;
+    }
 }
 
 void cx_nccl_comm_destroy(cx_nccl *c)
@@ -181,18 +292,19 @@ void cx_nccl_comm_destroy(cx_nccl *c)
     if (!c)
         return;
     (void)cudaSetDevice(c->device);
-    if (c->comm) {
-        if (c->failed) {
-            (void)ncclCommAbort(c->comm); /* peers may be gone: do not wait for them */
-        } else {
-            /* Pending work first, bounded: a peer that vanished mid-collective must not hang the
-             * shutdown (the wait marks the communicator failed, and it is aborted instead). */
-            if (cx_nccl_wait(c, 30.0) != CFX_OK || ncclCommDestroy(c->comm) != ncclSuccess)
-                (void)ncclCommAbort(c->comm);
-        }
+    if (c->comm && !c->failed) {
+        /* Every rank destroys at the same point of the agreed order; bounded, so that a peer that
+         * vanished turns this into an abort rather than a hang. */
+#if CX_NCCL_NONBLOCKING
+        if (settle(c->comm, ncclCommFinalize(c->comm), c->timeout_s) == ncclSuccess &&
+            ncclCommDestroy(c->comm) == ncclSuccess)
+            c->comm = NULL;
+#else
+        if (cx_nccl_wait(c, c->timeout_s) == CFX_OK && ncclCommDestroy(c->comm) == ncclSuccess)
+            c->comm = NULL;
+#endif
     }
-    if (c->stream)
-        (void)cudaStreamDestroy(c->stream);
+    cx_nccl_abort(c); /* a failed one, or one that did not finish */
     free(c);
 }
 
@@ -200,7 +312,7 @@ void *cx_nccl_stream(const cx_nccl *c) { return c ? (void *)c->stream : NULL; }
 int cx_nccl_device(const cx_nccl *c) { return c ? c->device : -1; }
 int cx_nccl_rank(const cx_nccl *c) { return c ? c->rank : -1; }
 int cx_nccl_size(const cx_nccl *c) { return c ? c->size : -1; }
-bool cx_nccl_failed(const cx_nccl *c) { return !c || c->failed; }
+bool cx_nccl_failed(const cx_nccl *c) { return !c || c->failed || !c->comm; }
 
 /* ---- collectives ------------------------------------------------------------------------------ */
 
@@ -315,8 +427,10 @@ cfx_status cx_nccl_reduce_scatter(cx_nccl *c, const void *send, void *recv, cons
 
 cfx_status cx_nccl_check(cx_nccl *c)
 {
-    if (!c || !c->comm)
+    if (!c)
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cx_nccl_check: no communicator");
+    if (!c->comm)
+        return cx_fail(CFX_ERR_NCCL, "the NCCL communicator was aborted");
     ncclResult_t async = ncclSuccess;
     NCCL_TRY(c, ncclCommGetAsyncError(c->comm, &async));
     if (async != ncclSuccess && async != ncclInProgress)
@@ -324,19 +438,12 @@ cfx_status cx_nccl_check(cx_nccl *c)
     return CFX_OK;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 cfx_status cx_nccl_wait(cx_nccl *c, double timeout_s)
 {
     if (!c)
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cx_nccl_wait: NULL communicator");
     double deadline = timeout_s < 0 ? -1.0 : now_s() + timeout_s;
-    for (unsigned spins = 0;; spins++) {
+    for (unsigned spins = 0;;) {
         cudaError_t e = cudaStreamQuery(c->stream);
         if (e == cudaSuccess)
             return CFX_OK;
@@ -354,9 +461,6 @@ cfx_status cx_nccl_wait(cx_nccl *c, double timeout_s)
                            "(a peer may be gone); the communicator will be aborted", c->rank,
                            timeout_s);
         }
-        if (spins >= 64) { /* spin briefly, then sleep: 2 us, later 50 us */
-            struct timespec ts = {0, spins < 1024 ? 2000 : 50000};
-            nanosleep(&ts, NULL);
-        }
+        backoff(&spins);
     }
 }

@@ -3,30 +3,39 @@
  * device memory (execute.c dispatches them here; the kind of memory is part of the agreed
  * response, so every rank takes the same branch).
  *
- * Owns this rank's device state (cx_device): the CUDA device it uses, Conflux's own stream, the
- * events that order that stream after the producer's stream and the caller's stream after it, the
- * device fusion buffer and the descriptor batch of the pack/unpack kernels (cuda_kernels.h), the
- * page-locked staging buffer and, in NCCL builds, the NCCL communicator (nccl_transport.h).
+ * Owns this rank's device state (cx_device): the CUDA device it uses, Conflux's own stream (NCCL
+ * runs on it too), the events that order that stream after the producers' streams and the
+ * callers' streams after it, the device fusion buffer (grown stream-ordered), the descriptor batch
+ * of the pack/unpack kernels (cuda_kernels.h), two page-locked staging halves made once, and in
+ * NCCL builds the NCCL communicator (nccl_transport.h).
  *
  * Set-up is lazy and collective: the first device response creates the state on every rank at
- * the same place of the agreed order, so CPU-only jobs never pay for it. Every rank publishes
- * whether it has a usable device, whether it has NCCL, its host and the PCI bus id of its GPU;
- * cx_device_plan then picks the same path everywhere: NCCL when every rank has a GPU of its own,
- * else host-staged (NCCL refuses two ranks on one GPU; also without NCCL, in deterministic mode,
- * or when the NCCL set-up failed on some rank).
+ * the same place of the agreed order, so CPU-only jobs never pay for it. Each rank picks its
+ * device (its tensors', else its local rank modulo the device count, so a rank that joined early
+ * still has one), makes its stream, events, batch and staging, then publishes whether all that
+ * worked, whether it has NCCL, its host and its GPU's PCI bus id; cx_device_plan picks the same
+ * path everywhere: NCCL when every rank has a GPU of its own, else host-staged (NCCL refuses two
+ * ranks on one GPU; also without NCCL and in deterministic mode). The NCCL set-up has a deadline
+ * and ends in an agreement: all joined, or every rank aborts and the job is host-staged.
+ *
+ * Failure agreement (execute.h): every batch agrees before its collective (READY) and after its
+ * completion wait (DONE), so a rank whose device work fails neither leaves its peers waiting in
+ * NCCL nor lets them finish with a wrong result: every rank fails the batch, naming that rank.
+ * A failed NCCL communicator is aborted at once, and the agreement makes every rank give NCCL up
+ * at the same point (host-staged from then on).
  *
  * A fused allreduce: Conflux's stream waits on the producers' streams (events, no host wait);
  * NCCL path: one pack kernel (prescale fused) into the device fusion buffer, ncclAllReduce, one
- * unpack kernel (postscale and 1/size fused); host-staged path: cudaMemcpyAsync into page-locked
- * memory, the host data path (cx_exec_allreduce_host: shared memory or MPI), copies back. Then the
- * callers' streams wait on Conflux's stream, and the background thread polls a completion event
- * (spin, then sleep, and NCCL's asynchronous error) before the handles complete: no device-wide
- * synchronisation. int16/uint16 (which NCCL cannot reduce) take the host-staged path.
- * Broadcast uses ncclBroadcast on the NCCL path; allgather, alltoall and reducescatter are
- * host-staged, and their outputs (allocated by Conflux) are host memory.
- *
- * A rank whose device work fails before the collective still takes part in host-staged
- * collectives with the op's identity (the peers do not hang) and fails its own tensors.
+ * unpack kernel (postscale and 1/size fused); a lone tensor is reduced in place. Host-staged path:
+ * piece by piece through the two staging halves (device to host, the host data path
+ * cx_exec_allreduce_host, host to device), the copies of one piece overlapping the reduction of
+ * the next. Then the callers' streams wait on Conflux's stream, and the background thread polls a
+ * completion event (bounded by CFX_STALL_TIMEOUT_S; an NCCL error or the deadline aborts the
+ * communicator first) before the handles complete; a failed batch waits too, so no queued work
+ * touches its tensors after their handles completed. int16/uint16 and float min/max take the
+ * host-staged path (cx_nccl_reducible). Broadcast uses ncclBroadcast on the NCCL path;
+ * allgather, alltoall and reducescatter are host-staged, and their outputs (allocated by Conflux)
+ * are host memory.
  *
  * Every CUDA and NCCL call is made by the background thread, which sets its device itself (the
  * caller's current device is untouched). In a build without CUDA the entry points fail with
@@ -53,15 +62,17 @@ cfx_status cx_device_single(cx_exec *x, const cx_response *r, cx_entry *e);
 /* cx_device_allreduce, cx_device_single and cx_device_destroy as execute.h's interface. */
 extern const cx_device_ops cx_device_path_ops;
 
-/* Accepts NULL. Frees the device state (the NCCL communicator is destroyed, or aborted after a
- * failure). The background thread calls it as its loop ends. */
+/* Accepts NULL. Frees the device state: a failed NCCL communicator is aborted first, then
+ * Conflux's stream drains (bounded), the communicator is finalized, and only then is memory freed
+ * (a stream that does not drain keeps its buffers: freeing would wait for it forever). The
+ * background thread calls it as its loop ends. */
 void cx_device_destroy(cx_device *d);
 
 /* ---- planning (pure, host only; exposed for tests) -------------------------------------------- */
 
 /* What one rank tells the others at set-up (fixed size, sent as bytes). */
 typedef struct cx_device_info {
-    uint8_t usable;   /* this rank has the CUDA device its tensors named, and it works */
+    uint8_t usable;   /* this rank has its CUDA device, and its stream, events and staging work */
     uint8_t nccl;     /* this build has the NCCL data path */
     char host[62];    /* the machine: kernel boot id, else the host name */
     char bus[64];     /* PCI bus id of the device ("0000:19:00.0"), one physical GPU per host */
