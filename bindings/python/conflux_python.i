@@ -16,6 +16,7 @@
  */
 
 %{
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -435,6 +436,30 @@ static PyObject *cfx_py_gradset_wait(cfx_gradset *set, double timeout_s) {
     }
 }
 %typemap(freearg) (const int64_t *splits, size_t nsplits) { free(tmp$argnum); }
+/* cfx_context_create_subset: a sequence of ranks (ints). An empty sequence passes a non-NULL
+ * pointer with n = 0, so the ABI's own check ("empty") names what is wrong. The new context comes
+ * back through the cfx_context **out typemap: None on ranks that are not listed. */
+%typemap(in) (const int *ranks, size_t n) (int *tmp = NULL) {
+    PyObject *seq = PySequence_Fast($input, "ranks must be a sequence of ints");
+    if (seq == NULL) SWIG_fail;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    tmp = calloc(n > 0 ? (size_t)n : 1, sizeof(int));
+    if (tmp == NULL) { Py_DECREF(seq); PyErr_NoMemory(); SWIG_fail; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (v == -1 && PyErr_Occurred()) { Py_DECREF(seq); SWIG_fail; }
+        if (v < INT_MIN || v > INT_MAX) {
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_ValueError, "rank %ld is out of range", v);
+            SWIG_fail;
+        }
+        tmp[i] = (int)v;
+    }
+    Py_DECREF(seq);
+    $1 = tmp;
+    $2 = (size_t)n;
+}
+%typemap(freearg) (const int *ranks, size_t n) { free(tmp$argnum); }
 
 /* Replaced by the helpers below (their status is the collective's, not a call error). */
 %ignore cfx_wait;

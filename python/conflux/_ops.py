@@ -174,19 +174,20 @@ def _functions(op, adapter):
     return out
 
 
-def _namespace(op, adapter, module):
+def _namespace(op, adapter, module, submit):
     """The globals of op's functions."""
     ns = dict(adapter._asdict(), __name__=module, ENTRY=getattr(_capi, op.entry), WHAT=op.name,
-              AUTOGRAD=adapter.autograd.get(op.name), submit=_core.submit, wait=_core.Handle.wait,
+              AUTOGRAD=adapter.autograd.get(op.name), submit=submit, wait=_core.Handle.wait,
               check_name=_core.check_name, check_op=_core.check_op, check_root=_core.check_root,
               check_splits=_core.check_splits, check_scale=_core.check_scale)
     ns.update(("DEFAULT_" + p, PARAMS[p][0]) for p in op.params)
     return ns
 
 
-def install(module_globals, adapter, docs):
+def install(module_globals, adapter, docs, submit=_core.submit):
     """Defines the functions of every op of OPS in the module whose globals are `module_globals`,
-    with docstrings from `docs` (as define takes them)."""
+    with docstrings from `docs` (as define takes them). `submit` (as _core.submit) starts a
+    collective: the process sets' functions pass one that submits to their own context."""
     module = module_globals["__name__"]
     for op in OPS:
         x = adapter.nouns[op.grouped]
@@ -198,7 +199,7 @@ def install(module_globals, adapter, docs):
                                      for p in op.params])
         sources = {name: "def %s(%s):\n%s" % (name, signature, body.format(**fields))
                    for name, body in _functions(op, adapter).items()}
-        ns = _namespace(op, adapter, module)
+        ns = _namespace(op, adapter, module, submit)
         clash = (set(op.params) | {x}) & set(ns)
         if clash:  # a parameter would hide the helper of that name from the body
             raise AssertionError("%s: parameters named like helpers: %s" % (op.name, sorted(clash)))
