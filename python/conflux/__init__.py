@@ -36,7 +36,7 @@ __version__ = _core.version()
 
 __all__ = list(_core.BASE_NAMES) + list(_ops.NAMES) + [
     "barrier", "barrier_async", "join", "join_async", "poll", "synchronize", "Handle",
-    "shared_array", "GradientSet",
+    "shared_array", "GradientSet", "ProcessSet",
 ] + list(_core.ERROR_NAMES)
 
 # ---- numpy dtypes <-> ABI dtypes ----
@@ -147,12 +147,12 @@ _DOCS = {
     "reducescatter": "Reduces over ranks and returns this rank's block of dim 0 (the first d0 % "
                      "size ranks get one\nextra row).",
 }
-_ops.install(globals(), _ops.Adapter(
+_ADAPTER = _ops.Adapter(
     nouns=("array", "arrays"), inplace=_inplace, input=_input, copy=_copy, describe=_describe,
     output_like=_output_like, ndim=lambda a: a.ndim,
     output=lambda handle, index, like: handle.output(index, _allocate),
-    as_splits=lambda splits: _np.array(splits, dtype=_np.int64), autograd={}, differentiable=None),
-    _DOCS)
+    as_splits=lambda splits: _np.array(splits, dtype=_np.int64), autograd={}, differentiable=None)
+_ops.install(globals(), _ADAPTER, _DOCS)
 
 
 # ---- barrier, join ----
@@ -172,3 +172,6 @@ def join():
 
 # ---- gradient sets ----
 from .gradset import GradientSet  # noqa: E402  (needs the helpers above)
+
+# ---- process sets ----
+from .process_sets import ProcessSet  # noqa: E402  (needs _ADAPTER)

@@ -1,0 +1,163 @@
+"""Torch collectives on a context of one's choice, differentiable: conflux.torch.ProcessSet, and
+the functions conflux.horovod.torch runs on every process set (the global one too).
+
+Besides allreduce, allgather and broadcast (differentiable in conflux.torch too), reducescatter
+and the grouped ops are differentiable here, as in Horovod: the gradient of
+- allreduce is the allreduce of the gradient (same op and scale factors);
+- allgather is the average over the ranks of the gradient, this rank's rows of it;
+- broadcast is the average of the gradient on the root rank, zero elsewhere;
+- reducescatter is the allgather of the gradient, scaled like the forward (Average: / size);
+- a grouped op is the grouped form of that, over the gradients of the group.
+Ranks and sizes are those of the set the functions run on.
+"""
+import types
+
+import torch
+
+from . import torch as _cfx
+from .process_sets import ProcessSet as _ProcessSet, collectives as _collectives
+
+_ADAPTER = _cfx._ADAPTER
+
+
+def _needs_grad(x, what):
+    """The adapter's `differentiable`: x, a tensor or a group of them, needs a gradient."""
+    if not torch.is_grad_enabled():
+        return False
+    if isinstance(x, (list, tuple)):
+        return any(isinstance(t, torch.Tensor) and t.requires_grad for t in x)
+    return _cfx._differentiable(x, what)
+
+
+class _Group:
+    """Applies a Function over a group: autograd sees the group's tensors as its arguments."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def apply(self, tensors, *params):
+        return list(self.fn.apply(*params, *tensors))
+
+
+def _rows_before(ns, rows):
+    """The number of rows of each of `rows` (this rank's dim 0 of each tensor of a group) that the
+    ranks before this one in the set gave."""
+    per_rank = ns.allgather_async(torch.tensor(rows, dtype=torch.int64)).wait()
+    return per_rank.view(ns.size(), len(rows))[:ns.rank()].sum(0).tolist()
+
+
+def _scaled(grads, op, pre, post, size):
+    scale = pre * post / (size if op == _cfx.Average else 1)
+    return [g if scale == 1 else g * scale for g in grads]
+
+
+def _autograd(ns):
+    """The autograd Functions of the collectives of `ns` (a namespace with their async forms,
+    rank() and size())."""
+
+    class Allreduce(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, tensor, op, name, pre, post):
+            ctx.args = (op, pre, post)
+            return ns.allreduce_async(tensor, op, name, pre, post).wait()
+
+        @staticmethod
+        def backward(ctx, grad):
+            op, pre, post = ctx.args
+            return ns.allreduce_async(grad, op, None, pre, post).wait(), None, None, None, None
+
+    class GroupedAllreduce(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, op, name, pre, post, *tensors):
+            ctx.args = (op, pre, post)
+            return tuple(ns.grouped_allreduce_async(list(tensors), op, name, pre, post).wait())
+
+        @staticmethod
+        def backward(ctx, *grads):
+            op, pre, post = ctx.args
+            out = ns.grouped_allreduce_async(list(grads), op, None, pre, post).wait()
+            return (None, None, None, None) + tuple(out)
+
+    class Allgather(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, tensor, name):
+            ctx.rows = tensor.shape[0]
+            return ns.allgather_async(tensor, name).wait()
+
+        @staticmethod
+        def backward(ctx, grad):
+            reduced = ns.allreduce_async(grad, _cfx.Average).wait()
+            return reduced.narrow(0, _rows_before(ns, [ctx.rows])[0], ctx.rows), None
+
+    class GroupedAllgather(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, name, *tensors):
+            ctx.rows = [t.shape[0] for t in tensors]
+            return tuple(ns.grouped_allgather_async(list(tensors), name).wait())
+
+        @staticmethod
+        def backward(ctx, *grads):
+            reduced = ns.grouped_allreduce_async(list(grads), _cfx.Average).wait()
+            offsets = _rows_before(ns, ctx.rows)
+            return (None,) + tuple(g.narrow(0, o, n)
+                                   for g, o, n in zip(reduced, offsets, ctx.rows))
+
+    class Broadcast(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, tensor, root_rank, name):
+            ctx.root_rank = root_rank
+            return ns.broadcast_async(tensor, root_rank, name).wait()
+
+        @staticmethod
+        def backward(ctx, grad):
+            reduced = ns.allreduce_async(grad, _cfx.Average).wait()
+            if ns.rank() != ctx.root_rank:
+                reduced.zero_()
+            return reduced, None, None
+
+    class Reducescatter(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, tensor, op, name, pre, post):
+            ctx.args = (op, pre, post)
+            return ns.reducescatter_async(tensor, op, name, pre, post).wait()
+
+        @staticmethod
+        def backward(ctx, grad):
+            gathered = ns.allgather_async(grad).wait()
+            return (_scaled([gathered], *ctx.args, ns.size())[0], None, None, None, None)
+
+    class GroupedReducescatter(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, op, name, pre, post, *tensors):
+            ctx.args = (op, pre, post)
+            return tuple(ns.grouped_reducescatter_async(list(tensors), op, name, pre, post).wait())
+
+        @staticmethod
+        def backward(ctx, *grads):
+            gathered = ns.grouped_allgather_async(list(grads)).wait()
+            return (None, None, None, None) + tuple(_scaled(gathered, *ctx.args, ns.size()))
+
+    return {"allreduce": Allreduce, "grouped_allreduce": _Group(GroupedAllreduce),
+            "allgather": Allgather, "grouped_allgather": _Group(GroupedAllgather),
+            "broadcast": Broadcast, "reducescatter": Reducescatter,
+            "grouped_reducescatter": _Group(GroupedReducescatter)}
+
+
+def differentiable_collectives(submit, rank, size, module):
+    """A namespace of every torch collective (conflux.torch's functions, with barrier(_async) and
+    join(_async)) starting its collectives through `submit`, all of its blocking out-of-place
+    forms differentiable; rank() and size() are those of the ranks it runs on."""
+    ns = types.SimpleNamespace(rank=rank, size=size)
+    adapter = _ADAPTER._replace(autograd=_autograd(ns), differentiable=_needs_grad)
+    ns.__dict__.update(_collectives(adapter, _cfx._DOCS, submit, module))
+    return ns
+
+
+class ProcessSet(_ProcessSet):
+    """conflux.ProcessSet for torch tensors: the functions of conflux.torch over the ranks
+    `ranks`, differentiable (reducescatter and the grouped ops too; see
+    conflux.torch_process_sets). Collective to create, on every rank with the same ranks."""
+
+    def _collectives(self, submit):
+        ns = differentiable_collectives(submit, self.rank, self.size, "conflux.torch")
+        return {k: v for k, v in vars(ns).items() if k not in ("rank", "size")}
