@@ -267,6 +267,18 @@ static bool is_ready(const cx_coordinator *c, const cx_pending *p)
     return true;
 }
 
+/* While ranks have joined, a request other than allreduce cannot run: it is answered (failed) at
+ * once. */
+static bool unjoinable(const cx_coordinator *c, const cx_pending *p)
+{
+    if (c->joined_count == 0)
+        return false;
+    for (int r = 0; r < c->size; r++)
+        if (p->reqs[r].name)
+            return p->reqs[r].coll != CX_ALLREDUCE;
+    return false;
+}
+
 static cfx_status answer(cx_coordinator *c, const char *name, cx_pending *p, cx_response_list *out)
 {
     cx_response r;
@@ -312,42 +324,13 @@ static cfx_status add_request(cx_coordinator *c, int rank, const cx_request *q, 
     }
     /* Only allreduce takes part in join: anything else fails at once (build_response names the
      * joined ranks), so ranks whose requests differ (drifted generated names) never wait. */
-    if (is_ready(c, p) || (c->joined_count > 0 && q->coll != CX_ALLREDUCE))
+    if (is_ready(c, p) || unjoinable(c, p))
         return answer(c, q->name, p, out);
     return CFX_OK;
 }
 
-/* After a join, every pending request that cannot take part in it fails (oldest first). */
-static cfx_status answer_unjoinable(cx_coordinator *c, cx_response_list *out)
-{
-    for (;;) {
-        const char *key, *best_key = NULL;
-        void *value;
-        cx_pending *best = NULL;
-        for (size_t pos = 0; cx_strmap_next(&c->pending, &pos, &key, &value);) {
-            cx_pending *p = value;
-            int first = 0;
-            while (first < c->size && !p->reqs[first].name)
-                first++;
-            if (first < c->size && p->reqs[first].coll != CX_ALLREDUCE &&
-                (!best || p->arrival < best->arrival)) {
-                best = p;
-                best_key = key;
-            }
-        }
-        if (!best)
-            return CFX_OK;
-        char *name = strdup(best_key);
-        if (!name)
-            return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory");
-        cfx_status st = answer(c, name, best, out);
-        free(name);
-        if (st)
-            return st;
-    }
-}
-
-/* After joins, tensors waiting only for joined ranks become ready; answer them in arrival order. */
+/* After joins, tensors waiting only for joined ranks become ready, and those that cannot take part
+ * in join fail; answer them in arrival order. */
 static cfx_status answer_joined_ready(cx_coordinator *c, cx_response_list *out)
 {
     for (;;) {
@@ -356,7 +339,7 @@ static cfx_status answer_joined_ready(cx_coordinator *c, cx_response_list *out)
         cx_pending *best = NULL;
         for (size_t pos = 0; cx_strmap_next(&c->pending, &pos, &key, &value);) {
             cx_pending *p = value;
-            if (is_ready(c, p) && (!best || p->arrival < best->arrival)) {
+            if ((is_ready(c, p) || unjoinable(c, p)) && (!best || p->arrival < best->arrival)) {
                 best = p;
                 best_key = key;
             }
@@ -385,9 +368,7 @@ cfx_status cx_coordinator_process(cx_coordinator *c, const cx_request_list *list
         }
     }
     if (c->joined_count != joined_before) {
-        cfx_status st = answer_unjoinable(c, out);
-        if (!st)
-            st = answer_joined_ready(c, out);
+        cfx_status st = answer_joined_ready(c, out);
         if (st)
             return st;
     }

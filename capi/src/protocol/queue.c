@@ -93,6 +93,8 @@ cx_entry *cx_queue_pop_new(cx_queue *q)
 {
     pthread_mutex_lock(&q->mu);
     cx_entry *head = q->head;
+    for (cx_entry *e = head; e; e = e->next)
+        e->popped = true;
     q->head = q->tail = NULL;
     atomic_store(&q->has_work, 0);
     pthread_mutex_unlock(&q->mu);
@@ -102,7 +104,11 @@ cx_entry *cx_queue_pop_new(cx_queue *q)
 cx_entry *cx_queue_take(cx_queue *q, const char *name)
 {
     pthread_mutex_lock(&q->mu);
-    cx_entry *e = cx_strmap_remove(&q->table, name);
+    cx_entry *e = cx_strmap_get(&q->table, name);
+    if (e && e->popped)
+        cx_strmap_remove(&q->table, name);
+    else
+        e = NULL;
     pthread_mutex_unlock(&q->mu);
     return e;
 }

@@ -29,6 +29,7 @@ typedef struct cx_entry {
     cfx_handle handle;
     size_t part;          /* index of this tensor within its handle */
     double enqueue_time;  /* monotonic seconds */
+    bool popped;          /* the background thread has taken it from the new list (queue lock) */
     struct cx_entry *next;
 } cx_entry;
 
@@ -60,6 +61,9 @@ cfx_status cx_queue_push(cx_queue *q, cx_entry **entries, size_t n);
 cx_entry *cx_queue_pop_new(cx_queue *q);
 
 /* Removes an entry from the table by name (NULL if absent). The caller owns and frees it. */
+/* Removes the named entry from the table and returns it, if the background thread has popped it
+ * (an entry still in the new list stays: a response for it can only be another rank's business,
+ * such as a failure the coordinator sent before this rank's request went out). */
 cx_entry *cx_queue_take(cx_queue *q, const char *name);
 
 /* Sleeps until an entry is pushed, cx_queue_wake is called, or timeout_s passes. */
