@@ -553,20 +553,22 @@ static cfx_status copy_piece(const stage *s, size_t k, bool in)
         if (st)
             return st;
     }
-    return in ? cx_cuda_event_record(s->d->ev_piece[k % 2], s->d->stream) : CFX_OK;
+    /* The half's event: its copy in landed, or (a rank that only copies out) its copy out left it */
+    return in || !s->in ? cx_cuda_event_record(s->d->ev_piece[k % 2], s->d->stream) : CFX_OK;
 }
 
 /* For each piece k: its copy in (queued two pieces ahead, behind the copy out that last used its
  * half, so the halves are reused in stream order), a bounded wait for it, fn, its copy out. A
- * rank's own copy failure reaches fn as `local` (fn's agreement then stops every rank at the same
- * piece), or stays in *local after the last piece. Returns fn's first failure. */
+ * rank that only copies out waits instead, before fn writes a half, for the copy out that last
+ * read it. A rank's own copy failure reaches fn as `local` (fn's agreement then stops every rank
+ * at the same piece), or stays in *local after the last piece. Returns fn's first failure. */
 static cfx_status run_pieces(const stage *s, piece_fn fn, void *arg, cfx_status *local)
 {
     size_t np = s->total ? (s->total + s->per - 1) / s->per : 1;
     for (size_t k = 0; k < 2 && k < np && s->in && !*local; k++)
         *local = copy_piece(s, k, true);
     for (size_t k = 0; k < np; k++) {
-        if (s->in && !*local)
+        if ((s->in || (s->out && k >= 2)) && !*local)
             *local = wait_event(s->x, s->d, s->d->ev_piece[k % 2]);
         size_t lo = k * s->per, count = s->total - lo < s->per ? s->total - lo : s->per;
         void *half = s->in || s->out ? (char *)s->d->pinned + (k % 2) * STAGE_PIECE_BYTES : NULL;
@@ -616,11 +618,11 @@ static cfx_status reserve_fusion(cx_device *d, size_t bytes)
     return st;
 }
 
-/* Everything before ncclAllReduce that can fail on this rank: the producers' ordering, the fusion
- * buffer, the identity of a joined rank's share, the descriptors and the pack kernel (prescale;
- * the pack writes only the fusion buffer). A lone tensor (not bool, whose bytes the pack
- * normalises) is reduced in place, its prescale after the agreement. *queued: device work that
- * reads the tensors was queued. */
+/* Everything before ncclAllReduce that can fail on this rank, so that its failure comes before
+ * the ready agreement: the producers' ordering, the fusion buffer, the identity of a joined rank's
+ * share, the descriptors and the pack kernel (prescale fused; it writes only the fusion buffer).
+ * A lone tensor (not bool, whose bytes the pack normalises) is reduced in place, its prescale
+ * into its output. *queued: device work that touches the tensors was queued. */
 static cfx_status nccl_prepare(cx_device *d, const cx_allreduce_batch *b, bool lone, bool *queued)
 {
     cfx_status st = check_local(d, b->entries, b->n);
@@ -628,6 +630,11 @@ static cfx_status nccl_prepare(cx_device *d, const cx_allreduce_batch *b, bool l
         st = cx_fail(CFX_ERR_NCCL, "this rank's NCCL communicator failed earlier");
     if (!st)
         st = after_producers(d, b->entries, b->n);
+    if (!st && lone && b->prescale != 1.0) { /* into the output: a failed batch's is unspecified */
+        cx_entry *e = b->entries[0];
+        *queued = true;
+        st = cx_cuda_scale(e->output, e->input, b->total, b->dtype, b->prescale, d->stream);
+    }
     if (st || lone)
         return st;
     size_t esize = b->esize;
@@ -673,12 +680,8 @@ static cfx_status nccl_allreduce(cx_exec *x, cx_device *d, const cx_allreduce_ba
             (void)finish(x, d, NULL, 0, st);
         return st == CFX_ERR_TRANSPORT ? st : cx_fail(st, "%s", msg);
     }
-    const void *src = lone ? e->input : d->fusion;
+    const void *src = !lone ? d->fusion : b->prescale != 1.0 ? e->output : e->input;
     void *dst = lone ? e->output : d->fusion;
-    if (lone && b->prescale != 1.0) {
-        st = cx_cuda_scale(e->output, e->input, b->total, b->dtype, b->prescale, d->stream);
-        src = e->output;
-    }
     TL_AT(tl, 1);
     if (!st)
         st = cx_nccl_allreduce(d->nccl, src, dst, b->total, b->dtype, b->op);
