@@ -45,8 +45,8 @@ SIGNATURES = {
                      "process_set=global, prescale_factor=1.0, postscale_factor=1.0)",
     "join": "(device=-1)",
     "barrier": "(process_set=global)",
-    "broadcast_parameters": "(params, root_rank)",
-    "broadcast_optimizer_state": "(optimizer, root_rank, model=None)",
+    "broadcast_parameters": "(params, root_rank, process_set=global)",
+    "broadcast_optimizer_state": "(optimizer, root_rank, model=None, process_set=global)",
     "broadcast_object": "(obj, root_rank=0, name=None, process_set=global)",
     "allgather_object": "(obj, name=None, process_set=global)",
     "DistributedOptimizer": "(optimizer, named_parameters=None, compression=<class "
@@ -132,12 +132,6 @@ def test_capabilities_are_truthful():
 
 
 def test_unsupported_features_raise_not_implemented(rank, size):
-    with pytest.raises(NotImplementedError, match="process set"):
-        hvd.add_process_set([0])
-    with pytest.raises(NotImplementedError, match="process set"):
-        hvd.ProcessSet([0])
-    with pytest.raises(NotImplementedError, match="process set"):
-        hvd.init(process_sets=[[0]])
     with pytest.raises(NotImplementedError, match="elastic"):
         hvd.elastic.run(lambda state: None)
     with pytest.raises(NotImplementedError, match="elastic"):

@@ -1,0 +1,2 @@
+"""horovod.torch.compression: the gradient compressors (conflux.torch's)."""
+from conflux.torch import Compression, Compressor, FP16Compressor, NoneCompressor  # noqa: F401

@@ -1,0 +1,370 @@
+"""horovod.torch.mpi_ops: Horovod 0.28's collectives, handles and basics on Conflux.
+
+Every collective takes `process_set` (default hvd.global_process_set) and runs on that set's own
+subset context; root ranks are the job's ranks, as in Horovod. The blocking out-of-place forms
+are differentiable, the grouped ones, reducescatter and alltoall too (conflux.torch_process_sets
+has the gradients). allreduce of a sparse COO tensor, and sparse_allreduce_async, allgather the
+indices and values over the set and return the coalesced sum (Average: divided by the set's
+size); other ops reduce the dense tensor.
+"""
+import warnings
+import weakref
+
+import torch
+
+from conflux import _core
+from conflux import _ops
+from conflux.torch_process_sets import differentiable_collectives
+
+from ..common import process_sets as _ps
+from ..common import util as _util
+from ..common.exceptions import HorovodInternalError, internal_error
+from ..common.process_sets import (  # noqa: F401  (Horovod's names)
+    ProcessSet, add_process_set, global_process_set, remove_process_set)
+from .compression import Compression
+
+# ---- reduction ops ----
+Average = _core.Average
+Sum = _core.Sum
+Min = _core.Min
+Max = _core.Max
+Product = _core.Product
+Adasum = 1000  # accepted as a name; using it raises NotImplementedError
+
+
+def _resolve_op(op, average):
+    if op is not None:
+        if average is not None:
+            raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+    elif average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in v1.0",
+                      DeprecationWarning)
+        op = Average if average else Sum
+    else:
+        op = Average
+    if op == Adasum:
+        raise NotImplementedError("Adasum reduction (op=hvd.Adasum) is not supported by Conflux yet")
+    return op
+
+
+def _check_rs_op(op):
+    if op not in (Average, Sum):
+        raise NotImplementedError("Reducescatter currently only supports AVERAGE and SUM.")
+    return op
+
+
+# ---- lifecycle and topology ----
+def _checked(fn):
+    try:
+        return fn()
+    except _core.NotInitializedError:
+        raise ValueError("Horovod has not been initialized; use hvd.init().") from None
+
+
+def init(comm=None, process_sets=None):
+    """Initializes Conflux (collective over all ranks) and registers `process_sets` (a list of
+    hvd.ProcessSet, in the same order on every rank; or "dynamic"). Repeated calls only register
+    sets not registered yet; init after shutdown works. `comm` may be None, an mpi4py
+    communicator spanning all ranks, or the list of all ranks; sub-communicators are not
+    supported."""
+    _core.init()
+    if comm is not None:
+        n = comm.Get_size() if hasattr(comm, "Get_size") else len(list(comm))
+        if n != _core.size():
+            raise NotImplementedError("hvd.init(comm=...) with a sub-communicator (%d of %d ranks) "
+                                      "is not supported by Conflux; use process sets "
+                                      "(hvd.init(process_sets=[hvd.ProcessSet(ranks)]))"
+                                      % (n, _core.size()))
+    _ps.init_process_sets(process_sets, lambda obj: _horovod_errors(_GLOBAL_OBJECTS, obj))
+
+
+def _GLOBAL_OBJECTS(obj):
+    from .functions import allgather_object
+    return allgather_object(obj, name="hvd.init.process_sets")
+
+
+def shutdown():
+    _ps.shutdown()
+    _core.shutdown()
+
+
+def is_initialized():
+    return _core.is_initialized()
+
+
+def size():
+    return _checked(_core.size)
+
+
+def rank():
+    return _checked(_core.rank)
+
+
+def local_rank():
+    return _checked(_core.local_rank)
+
+
+def local_size():
+    return _checked(_core.local_size)
+
+
+def cross_rank():
+    return _checked(_core.cross_rank)
+
+
+def cross_size():
+    return _checked(_core.cross_size)
+
+
+def is_homogeneous():
+    """True when every host runs the same number of ranks."""
+    return _checked(lambda: _core.local_size() * _core.cross_size() == _core.size())
+
+
+# ---- what is built and enabled ----
+mpi_built = _util.mpi_built
+gloo_built = _util.gloo_built
+nccl_built = _util.nccl_built
+ddl_built = _util.ddl_built
+ccl_built = _util.ccl_built
+cuda_built = _util.cuda_built
+rocm_built = _util.rocm_built
+
+
+def mpi_enabled():
+    """True while Conflux runs over its MPI transport (built with MPI, initialized, and
+    CFX_TRANSPORT not "local")."""
+    import os
+    return (_util.mpi_built() and _core.is_initialized() and
+            os.environ.get("CFX_TRANSPORT", "auto").strip().lower() != "local")
+
+
+def gloo_enabled():
+    return False
+
+
+def mpi_threads_supported():
+    """True: Conflux's MPI transport runs with MPI_THREAD_MULTIPLE (it refuses to start
+    without). ValueError when MPI is not enabled or Conflux is not initialized, as in Horovod."""
+    if not mpi_enabled():
+        if not _core.is_initialized():
+            raise ValueError("Horovod has not been initialized; use hvd.init().")
+        raise ValueError("Horovod MPI is not enabled; Please make sure it's installed and enabled.")
+    return True
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Starts the timeline. Unlike Horovod (one file written by the coordinator), every rank writes
+    its own file: "%r" in file_path is replaced by the rank, else ".rank<r>" goes before the
+    extension. HOROVOD_TIMELINE=DYNAMIC is not needed."""
+    _checked(lambda: _core.start_timeline(file_path, mark_cycles))
+
+
+def stop_timeline():
+    _checked(_core.stop_timeline)
+
+
+# ---- process sets: the collectives each one runs ----
+_GLOBAL = differentiable_collectives(_core.submit, _core.rank, _core.size, __name__)
+_set_collectives = weakref.WeakKeyDictionary()  # Subset -> its collectives
+
+
+def _set_ops(process_set):
+    """The collectives of a process set that is not the global set object."""
+    if process_set is None or getattr(process_set, "process_set_id", None) == 0:
+        return _GLOBAL
+    subset = _ps.subset_of(process_set)
+    ops = _set_collectives.get(subset)
+    if ops is None:
+        ops = differentiable_collectives(subset.submit, subset.rank, subset.size, __name__)
+        _set_collectives[subset] = ops
+    return ops
+
+
+def _set_root(process_set, root_rank):
+    """The root's rank within the set, from the job's rank `root_rank`."""
+    if process_set is None or getattr(process_set, "process_set_id", None) == 0:
+        return root_rank
+    return _ps.subset_of(process_set).set_rank(_core.check_root(root_rank))
+
+
+# ---- handles ----
+class _SparseHandle:
+    """A sparse allreduce in flight: the allgathers of indices and values (Sum, Average), or the
+    dense allreduce (the other ops). Calling it, wait() or synchronize() returns the reduced
+    sparse tensor (coalesced)."""
+
+    def __init__(self, tensor, ops, name, op, scale):
+        self._shape = tensor.shape
+        self._op = op
+        self._scale = scale
+        self._size = ops.size()
+        if op in (Sum, Average):
+            t = tensor.coalesce()
+            self._parts = (
+                ops.allgather_async(t.indices().t().contiguous(),
+                                    None if name is None else name + ".indices"),
+                ops.allgather_async(t.values().contiguous(),
+                                    None if name is None else name + ".values"))
+        else:
+            self._parts = (ops.allreduce_async(tensor.to_dense(), op, name, scale, 1.0),)
+
+    def poll(self):
+        return all(h.poll() for h in self._parts)
+
+    def wait(self):
+        if len(self._parts) == 1:
+            return self._parts[0].wait().to_sparse()
+        values = self._parts[1].wait()
+        indices = self._parts[0].wait()
+        if self._op == Average:
+            values = values / self._size
+        if self._scale != 1.0:
+            values = values * self._scale
+        return torch.sparse_coo_tensor(indices.t(), values, self._shape).coalesce()
+
+    __call__ = wait
+
+
+def _sparse_allreduce(ops, tensor, name, op, prescale_factor, postscale_factor):
+    return _SparseHandle(tensor, ops, name, op,
+                         _core.check_scale(prescale_factor, "prescale_factor") *
+                         _core.check_scale(postscale_factor, "postscale_factor"))
+
+
+def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
+    """Allreduce of a sparse COO tensor through allgathers of its indices and values over the
+    set; returns a callable (also a handle for synchronize/poll) that waits and returns the
+    reduced sparse tensor, coalesced (Average divides by the set's size)."""
+    ops = _GLOBAL if process_set is global_process_set else _set_ops(process_set)
+    if not getattr(tensor, "is_sparse", False):
+        raise ValueError("sparse_allreduce_async needs a sparse COO tensor (layout %s given)"
+                         % getattr(tensor, "layout", type(tensor).__name__))
+    return _sparse_allreduce(ops, tensor, name, _resolve_op(op, None), 1.0, 1.0)
+
+
+def poll(handle):
+    if type(handle) is _SparseHandle:
+        return handle.poll()
+    return _core.poll(handle)
+
+
+def _horovod_errors(fn, *args):
+    """fn(*args); a failure decided across ranks (a ConfluxError that is no ValueError) is raised
+    as HorovodInternalError."""
+    try:
+        return fn(*args)
+    except _core.ConfluxError as exc:
+        if isinstance(exc, ValueError):
+            raise
+        raise internal_error(exc) from exc
+
+
+def synchronize(handle):
+    """Waits for an async collective and returns its output; failures decided across ranks raise
+    HorovodInternalError."""
+    if type(handle) is _SparseHandle:
+        return _horovod_errors(handle.wait)
+    return _horovod_errors(_core.synchronize, handle)
+
+
+def _sync(handle):
+    return synchronize(handle)
+
+
+def join(device=-1):
+    """Declares that this rank has no more data; returns the last rank to join. While some ranks
+    have joined, collectives other than allreduce fail at once (HorovodInternalError) on the
+    ranks that call them."""
+    return _sync(_core.join_async())
+
+
+def barrier(process_set=global_process_set):
+    ops = _GLOBAL if process_set is global_process_set else _set_ops(process_set)
+    _sync(ops.barrier_async())
+
+
+# ---- the collectives: conflux._ops.OPS with Horovod's parameters, on the process set's ops ----
+_REDUCE = ("average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0, "
+           "process_set=global_process_set")
+_SCATTER = ("name=None, op=Average, process_set=global_process_set, prescale_factor=1.0, "
+            "postscale_factor=1.0")
+# op: (Horovod's parameters after the input, how `op` becomes the op conflux gets)
+_HOROVOD = {
+    "allreduce": (_REDUCE, "_resolve_op(op, average)"),
+    "grouped_allreduce": (_REDUCE, "_resolve_op(op, average)"),
+    "allgather": ("name=None, process_set=global_process_set", None),
+    "grouped_allgather": ("name=None, process_set=global_process_set", None),
+    "broadcast": ("root_rank, name=None, process_set=global_process_set", None),
+    "alltoall": ("splits=None, name=None, process_set=global_process_set", None),
+    "reducescatter": (_SCATTER, "_check_rs_op(op)"),
+    "grouped_reducescatter": (_SCATTER, "_check_rs_op(op)"),
+}
+_DOCS = {"alltoall": "Returns the received tensor, or (received, received_splits) when `splits` "
+                     "is given."}
+_SPARSE = ("    if getattr({x}, 'is_sparse', False):\n"
+           "        {ret}_sparse_allreduce(ops, {x}, name, op, prescale_factor, postscale_factor)"
+           "{wait}\n")
+
+
+def _prelude(op):
+    """The lines that pick the set's ops (and translate a root rank) and resolve the op."""
+    lines = ["if process_set is global_process_set:", "    ops = _GLOBAL", "else:",
+             "    ops = _set_ops(process_set)"]
+    if "root_rank" in op.params:
+        lines.append("    root_rank = _set_root(process_set, root_rank)")
+    if _HOROVOD[op.name][1]:
+        lines.append("op = " + _HOROVOD[op.name][1])
+    return lines
+
+
+def _blocking_body(op, x):
+    """The body of op's blocking out-of-place form, after the prelude: a reduction compresses
+    its input(s) and decompresses the result; failures are Horovod's."""
+    lines, arg, result = [], x, "out"
+    if "op" in op.params and op.grouped:
+        lines.append("pairs = [compression.compress(t) for t in %s]" % x)
+        arg = "[t for t, _ in pairs]"
+        result = "[compression.decompress(o, c) for o, (_, c) in zip(out, pairs)]"
+    elif "op" in op.params:
+        lines.append("compressed, ctx = compression.compress(%s)" % x)
+        arg, result = "compressed", "compression.decompress(out, ctx)"
+    lines.append("out = _horovod_errors(ops.%s, %s)" % (op.name, ", ".join((arg,) + op.params)))
+    if op.result == _ops.SPLITS:
+        result = "out[0] if splits is None else (out[0], out[1])"
+    lines.append("return " + result)
+    return lines
+
+
+def _horovod_sources(op):
+    """{name: source of its def} of op's Horovod functions."""
+    params = _HOROVOD[op.name][0]
+    x = "tensors" if op.grouped else "tensor"
+    cfx_args = ", ".join((x,) + op.params)
+    sources = {}
+    for name in _ops.forms(op):
+        signature, lines = params, _prelude(op)
+        sparse = op.name == "allreduce" and not name.endswith("_")
+        if name.endswith("_async") or name.endswith("_async_"):
+            body = "".join("    %s\n" % line for line in lines)
+            if sparse:
+                body += _SPARSE.format(x=x, ret="return ", wait="")
+            body += "    return ops.%s(%s)\n" % (name, cfx_args)
+        elif name.endswith("_"):
+            lines.append("return _sync(ops.%s_async_(%s))" % (op.name, cfx_args))
+            body = "".join("    %s\n" % line for line in lines)
+        else:
+            if "op" in op.params:
+                signature = params.replace("name=None", "name=None, compression=Compression.none")
+            body = "".join("    %s\n" % line for line in lines)
+            if sparse:
+                body += _SPARSE.format(x=x, ret="return _horovod_errors(", wait=".wait)")
+            body += "".join("    %s\n" % line for line in _blocking_body(op, x))
+        sources[name] = "def %s(%s, %s):\n%s" % (name, x, signature, body)
+    return sources
+
+
+for _op in _ops.OPS:
+    _ops.define(globals(), "<%s.%s, made from _HOROVOD>" % (__name__, _op.name),
+                _horovod_sources(_op), globals(), _DOCS)
+del _op
