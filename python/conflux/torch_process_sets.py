@@ -1,11 +1,12 @@
 """Torch collectives on a context of one's choice, differentiable: conflux.torch.ProcessSet, and
 the functions conflux.horovod.torch runs on every process set (the global one too).
 
-Besides allreduce, allgather and broadcast (differentiable in conflux.torch too), reducescatter
-and the grouped ops are differentiable here, as in Horovod: the gradient of
+Besides allreduce, allgather and broadcast (differentiable in conflux.torch too), alltoall,
+reducescatter and the grouped ops are differentiable here, as in Horovod: the gradient of
 - allreduce is the allreduce of the gradient (same op and scale factors);
 - allgather is the average over the ranks of the gradient, this rank's rows of it;
 - broadcast is the average of the gradient on the root rank, zero elsewhere;
+- alltoall is the alltoall of the gradient back to where its rows came from;
 - reducescatter is the allgather of the gradient, scaled like the forward (Average: / size);
 - a grouped op is the grouped form of that, over the gradients of the group.
 Ranks and sizes are those of the set the functions run on.
@@ -115,6 +116,18 @@ def _autograd(ns):
                 reduced.zero_()
             return reduced, None, None
 
+    class Alltoall(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, tensor, splits, name):
+            out, received = ns.alltoall_async(tensor, splits, name).wait()
+            ctx.received = received
+            ctx.mark_non_differentiable(received)
+            return out, received
+
+        @staticmethod
+        def backward(ctx, grad, _):
+            return ns.alltoall_async(grad, ctx.received).wait()[0], None, None
+
     class Reducescatter(torch.autograd.Function):
         @staticmethod
         def forward(ctx, tensor, op, name, pre, post):
@@ -139,7 +152,7 @@ def _autograd(ns):
 
     return {"allreduce": Allreduce, "grouped_allreduce": _Group(GroupedAllreduce),
             "allgather": Allgather, "grouped_allgather": _Group(GroupedAllgather),
-            "broadcast": Broadcast, "reducescatter": Reducescatter,
+            "broadcast": Broadcast, "alltoall": Alltoall, "reducescatter": Reducescatter,
             "grouped_reducescatter": _Group(GroupedReducescatter)}
 
 
