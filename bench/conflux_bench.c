@@ -37,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <mpi.h>
 
@@ -577,6 +578,41 @@ static void run_workload(workload *w, mode m, cfx_context *ctx, int baselines) {
 #endif
 }
 
+#if CFX_BENCH_HAVE_CONFLUX
+/* The CPU an idle context uses: after one allreduce and past the background thread's spin window,
+ * every rank sleeps 2 s with its context alive; each rank's process CPU over wall time, the max over
+ * ranks (row idle/idle_context, method conflux_idle_cpu, value in cores, not seconds). */
+static void measure_idle_cpu(void) {
+    cfx_context *ctx = NULL;
+    cfx_check(cfx_init(NULL, &ctx), "cfx_init");
+    float v = 1;
+    int64_t one = 1;
+    cfx_tensor t = {&v, &one, 1, CFX_FLOAT32, CFX_DEVICE_CPU, NULL};
+    cfx_handle h;
+    cfx_check(cfx_allreduce_async(ctx, "idle.warm", &t, NULL, CFX_OP_SUM, 1.0, 1.0, &h), "cfx_allreduce_async");
+    cfx_check(cfx_wait(ctx, h, -1.0), "cfx_wait");
+    cfx_handle_release(ctx, h);
+    struct timespec pause = {0, 50 * 1000 * 1000}, idle = {2, 0}, c0, c1, w0, w1;
+    nanosleep(&pause, NULL);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+    clock_gettime(CLOCK_MONOTONIC, &w0);
+    nanosleep(&idle, NULL);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+    clock_gettime(CLOCK_MONOTONIC, &w1);
+    double cpu = (double)(c1.tv_sec - c0.tv_sec) + (double)(c1.tv_nsec - c0.tv_nsec) * 1e-9;
+    double wall = (double)(w1.tv_sec - w0.tv_sec) + (double)(w1.tv_nsec - w0.tv_nsec) * 1e-9;
+    double share = cpu / wall, worst = 0;
+    MPI_Reduce(&share, &worst, 1, MPI_DOUBLE, MPI_MAX, 0, g_comm);
+    workload w = {0};
+    snprintf(w.group, sizeof w.group, "idle");
+    snprintf(w.name, sizeof w.name, "idle_context");
+    result r = {worst, worst, worst, 1};
+    emit(&w, "conflux_idle_cpu", r, "-");
+    cfx_check(cfx_shutdown(ctx), "cfx_shutdown");
+    cfx_context_free(ctx);
+}
+#endif
+
 /* ---- main -------------------------------------------------------------------------------------- */
 
 static void usage(void) {
@@ -658,6 +694,7 @@ int main(int argc, char **argv) {
         cfx_check(cfx_shutdown(ctx), "cfx_shutdown");
         cfx_context_free(ctx);
     }
+    if (want_conflux && m != MODE_SMOKE) measure_idle_cpu();
 #endif
     (void)ctx;
     if (g_rank == 0) {
