@@ -8,6 +8,10 @@ rows in the C benchmark's CSV format (--raw) with methods:
   torch_conflux  conflux.torch: allreduce_async_ of every tensor (reverse order), then synchronize all
                  (only when the package imports; otherwise one 'n/a' row says why)
   torch_conflux_shared  the same on tensors from conflux.torch.shared_zeros (shared tensor memory)
+  torch_conflux_optimizer  model and many-tensor workloads: conflux.torch.DistributedOptimizer (op Sum,
+                 default gradient storage: each .grad a view into its gradient set) over parameters of the
+                 workload's shapes; a step calls the optimizer's hooks as backward does once it accumulated
+                 each gradient, in reverse registration order, then synchronize() (the C row: conflux_gradset)
 Timing as in C: a (Gloo) barrier before each repeat, perf_counter around the step, the max over ranks of
 each repeat, median/min/max after warm-up. Every workload's results are checked once per run against the
 known per-rank pattern (rank r puts (r + 1) + ((7 i + j) mod 13) into element j of tensor i).
@@ -109,6 +113,22 @@ def make_conflux_step(cfx, tensors, names):
     return step
 
 
+def make_optimizer(cfx, w):
+    """torch_conflux_optimizer: the gradients (the .grad views into the optimizer's gradient set) and a
+    step that runs the hooks autograd runs after accumulating each gradient, last parameter first, then
+    synchronize(). The optimizer goes with the step (its sets are freed with the views)."""
+    params = [torch.nn.Parameter(torch.zeros(*d, dtype=torch.float32)) for _, d in w["tensors"]]
+    opt = cfx.DistributedOptimizer(torch.optim.SGD(params, lr=0.0), op=cfx.Sum,
+                                   named_parameters=[(n, p) for (n, _), p in zip(w["tensors"], params)])
+    hooks = [h for s in opt._sets for h in s.hooks][::-1]
+
+    def step():
+        for hook in hooks:
+            hook()
+        opt.synchronize()
+    return [p.grad for p in params], step
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--spec", required=True)
@@ -156,12 +176,20 @@ def main():
         out.write("group,workload,tensors,bytes,method,reps,median_s,min_s,max_s,check\n")
         print("torch_gloo.py: %d ranks, torch %s, mode %s" % (size, torch.__version__, args.mode), flush=True)
 
-    def run_backend(method, make_step, zeros=torch.zeros):
+    def per_tensor(make_step, zeros=torch.zeros):
+        """make(w) for a step over tensors allocated here."""
+        def make(w):
+            tensors = [zeros(*d, dtype=torch.float32) for _, d in w["tensors"]]
+            return tensors, make_step(tensors, [n for n, _ in w["tensors"]])
+        return make
+
+    def run_backend(method, make, groups=None):
+        """make(w) -> (tensors, step) for each workload (of `groups`, None: all)."""
         nonlocal failures
         for w in workloads:
-            tensors = [zeros(*d, dtype=torch.float32) for _, d in w["tensors"]]
-            names = [n for n, _ in w["tensors"]]
-            step = make_step(tensors, names)
+            if groups and w["group"] not in groups:
+                continue
+            tensors, step = make(w)
             fill(tensors, rank)
             step()
             msg = check(tensors, size)
@@ -174,8 +202,9 @@ def main():
             warm, reps = reps_for(w)
             emit(w, method, timer.run(step, warm, reps, w["inner"] if args.mode != "smoke" else 1),
                  "ok" if ok else "FAIL")
+            del tensors, step  # a gradient set goes with its views before the next one is made
 
-    run_backend("torch_gloo", lambda tensors, names: (lambda: gloo_step(tensors)))
+    run_backend("torch_gloo", per_tensor(lambda tensors, names: (lambda: gloo_step(tensors))))
 
     if args.conflux == "auto":
         try:
@@ -187,9 +216,10 @@ def main():
                 out.write("python,torch_conflux,0,0,torch_conflux,0,,,,%s\n" % why)
                 print("  torch_conflux: " + why, flush=True)
         else:
-            run_backend("torch_conflux", lambda tensors, names: make_conflux_step(cfx, tensors, names))
-            run_backend("torch_conflux_shared", lambda tensors, names: make_conflux_step(cfx, tensors, names),
-                        cfx.shared_zeros)
+            run_backend("torch_conflux", per_tensor(lambda tensors, names: make_conflux_step(cfx, tensors, names)))
+            run_backend("torch_conflux_shared", per_tensor(lambda tensors, names: make_conflux_step(cfx, tensors, names),
+                                                           cfx.shared_zeros))
+            run_backend("torch_conflux_optimizer", lambda w: make_optimizer(cfx, w), groups=("model", "many"))
             if hasattr(cfx, "shutdown"):
                 cfx.shutdown()
 

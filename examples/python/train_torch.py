@@ -6,8 +6,9 @@
 
 A small MLP learns a synthetic classification task (inputs from a fixed seed, labels from a fixed
 random "teacher" network). Every rank trains on its own shard; conflux.torch.DistributedOptimizer
-averages the gradients (allreduces start from backward hooks as gradients become ready, step()
-waits for them). Rank 0 prints the loss and accuracy per epoch. At the end every rank's parameters
+averages the gradients through a gradient set: every .grad is a view into the set's shared
+storage, backward hooks mark each gradient ready as backward produces it (its bucket goes out when
+complete) and step() waits for the set. Rank 0 prints the loss and accuracy per epoch. At the end every rank's parameters
 are gathered and compared bitwise: the script prints PASS or FAIL and exits non-zero on failure.
 """
 import argparse
@@ -46,8 +47,9 @@ def main():
     parser.add_argument("--lr", type=float, default=0.05, help="per rank; scaled by the size")
     parser.add_argument("--seed", type=int, default=2024)
     parser.add_argument("--fp16-allreduce", action="store_true", help="Compression.fp16")
-    parser.add_argument("--shared-gradients", action="store_true",
-                        help="gradients in shared tensor memory: allreduces without copies")
+    parser.add_argument("--gradient-storage", choices=["conflux", "framework"], default="conflux",
+                        help="conflux: .grad views into the gradient set (default); framework: "
+                             "torch's own gradient memory, one allreduce per gradient")
     parser.add_argument("--corrupt-rank", type=int, default=-1, metavar="R",
                         help="testing the check: nudge one parameter on rank R before comparing")
     args = parser.parse_args()
@@ -70,11 +72,12 @@ def main():
     optimizer = cfx.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(),
         compression=cfx.Compression.fp16 if args.fp16_allreduce else cfx.Compression.none,
-        shared_gradients=args.shared_gradients)
+        gradient_storage=args.gradient_storage)
 
     if rank == 0:
-        print("conflux %s: %d ranks, %d samples (%d per rank), %d epochs"
-              % (cfx.version(), size, args.samples, len(loader.dataset), args.epochs), flush=True)
+        print("conflux %s: %d ranks, %d samples (%d per rank), %d epochs, gradient storage %s"
+              % (cfx.version(), size, args.samples, len(loader.dataset), args.epochs,
+                 args.gradient_storage), flush=True)
     losses = []
     start = time.time()
     for epoch in range(args.epochs):

@@ -13,10 +13,8 @@ contiguous first); in-place ones (`..._`) need contiguous tensors.
 `shared_empty` / `shared_zeros` make CPU tensors in shared tensor memory (large CPU allreduces on
 one host get cheaper; see conflux.shared_array).
 """
-import contextlib
 import math
 import pickle
-import warnings
 
 import torch
 
@@ -283,188 +281,6 @@ class Compression:
     fp16 = FP16Compressor
 
 
-# ---- DistributedOptimizer ----
-class _DistributedOptimizer(torch.optim.Optimizer):
-    def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, shared_gradients):
-        super(self.__class__, self).__init__(params)
-        self._compression = compression
-        if op not in (Sum, Average, Min, Max, Product):
-            raise ValueError("unknown reduction op %r" % (op,))
-        if gradient_predivide_factor != 1.0 and op != Average:
-            raise ValueError("gradient_predivide_factor not supported with op != Average")
-        self.op = op
-        self.gradient_predivide_factor = float(gradient_predivide_factor)
-
-        if named_parameters is not None:
-            named_parameters = list(named_parameters)
-        else:
-            named_parameters = [("allreduce.noname.%s.%s" % (g, i), v)
-                                for g, group in enumerate(self.param_groups)
-                                for i, v in enumerate(group["params"])]
-        if any(not isinstance(p, tuple) for p in named_parameters):
-            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
-                             "usually produced by model.named_parameters().")
-        names = [k for k, _ in named_parameters]
-        dups = sorted({n for n in names if names.count(n) > 1})
-        if dups:
-            raise ValueError("Parameter names in named_parameters must be unique. Found duplicates: %s"
-                             % ", ".join(dups))
-        all_ids = {id(v) for group in self.param_groups for v in group["params"]}
-        named_ids = {id(v) for _, v in named_parameters}
-        unnamed = all_ids - named_ids
-        if unnamed:
-            raise ValueError("named_parameters was specified, but one or more model parameters were "
-                             "not named. Python object ids: %s" % ", ".join(str(i) for i in unnamed))
-        self._parameter_names = {v: k for k, v in named_parameters}
-        self.backward_passes_per_step = int(backward_passes_per_step)
-        self._allreduce_delay = {v: self.backward_passes_per_step
-                                 for _, v in sorted(named_parameters, key=lambda kv: kv[0])}
-        self._handles = {}
-        self._grad_accs = []
-        self._requires_update = set()
-        self._synchronized = False
-        self._should_synchronize = True
-        # p -> its gradient buffer in shared tensor memory: backward accumulates into an existing
-        # .grad in place, so every pass lands there and the allreduces take the direct path.
-        self._shared_grads = {}
-        if shared_gradients:
-            for group in self.param_groups:
-                for p in group["params"]:
-                    if p.requires_grad and p.device.type == "cpu":
-                        g = shared_zeros(*p.shape, dtype=p.dtype)
-                        if p.grad is not None:
-                            g.copy_(p.grad)
-                        p.grad = self._shared_grads[p] = g
-        if size() > 1:
-            self._register_hooks()
-
-    def set_backward_passes_per_step(self, passes):
-        self.backward_passes_per_step = int(passes)
-        for p in self._allreduce_delay:
-            self._allreduce_delay[p] = self.backward_passes_per_step
-
-    def _register_hooks(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.requires_grad:
-                    self._requires_update.add(p)
-                    # The gradient accumulator fires after p.grad holds this pass's gradient.
-                    p_tmp = p.expand_as(p)
-                    grad_acc = p_tmp.grad_fn.next_functions[0][0]
-                    grad_acc.register_hook(self._make_hook(p))
-                    self._grad_accs.append(grad_acc)
-
-    def _allreduce_grad_async(self, p):
-        if p.grad is None:
-            # Not produced on this rank (dynamic graphs); other ranks may have it: send zeros.
-            p.grad = self._shared_grads[p].zero_() if p in self._shared_grads else torch.zeros_like(p)
-        name = self._parameter_names.get(p)
-        if self.op == Average:
-            # The engine divides by size() on top of the postscale.
-            prescale = 1.0 / self.gradient_predivide_factor
-            postscale = self.gradient_predivide_factor
-        else:
-            prescale = postscale = 1.0
-        compressed, ctx = self._compression.compress(p.grad)
-        if not compressed.is_contiguous():
-            compressed = compressed.contiguous()
-        handle = allreduce_async_(compressed, op=self.op, name=name, prescale_factor=prescale,
-                                  postscale_factor=postscale)
-        return handle, (compressed, ctx)
-
-    def _make_hook(self, p):
-        def hook(*ignore):
-            if p in self._handles and self._handles[p][0] is not None:
-                if self._allreduce_delay[p] <= 0:
-                    raise AssertionError(
-                        "Gradients were computed more than backward_passes_per_step times before "
-                        "call to step(). Increase backward_passes_per_step to accumulate gradients "
-                        "locally.")
-            assert not p.grad.requires_grad
-            assert self._allreduce_delay[p] > 0
-            handle, ctx = None, None
-            self._allreduce_delay[p] -= 1
-            if self._allreduce_delay[p] == 0:
-                handle, ctx = self._allreduce_grad_async(p)
-            self._handles[p] = (handle, ctx)
-        return hook
-
-    def synchronize(self):
-        """Waits for every gradient's allreduce (starting those whose hooks did not fire)."""
-        if size() <= 1:
-            self._synchronized = True
-            return
-        missing = self._requires_update - set(self._handles)
-        for p in sorted(missing, key=lambda q: self._parameter_names.get(q, "")):
-            self._handles[p] = self._allreduce_grad_async(p)
-        for p, (handle, ctx) in list(self._handles.items()):
-            if handle is None:
-                self._handles[p] = self._allreduce_grad_async(p)
-        errors = []
-        for p, (handle, (compressed, cctx)) in self._handles.items():
-            try:
-                output = handle.wait()
-            except Exception as exc:  # wait for the rest before raising
-                errors.append(exc)
-                continue
-            self._allreduce_delay[p] = self.backward_passes_per_step
-            result = self._compression.decompress(output, cctx)
-            if result.data_ptr() != p.grad.data_ptr():
-                p.grad.copy_(result)
-        self._handles.clear()
-        self._synchronized = True
-        if errors:
-            for p in self._allreduce_delay:
-                self._allreduce_delay[p] = self.backward_passes_per_step
-            raise errors[0]
-
-    @contextlib.contextmanager
-    def skip_synchronize(self):
-        """Inside this block step() does not synchronize (call synchronize() yourself first)."""
-        self._should_synchronize = False
-        try:
-            yield
-        finally:
-            self._should_synchronize = True
-
-    def step(self, closure=None):
-        if self._should_synchronize:
-            if self._synchronized:
-                warnings.warn("optimizer.step() called after optimizer.synchronize() without a new "
-                              "backward pass: the gradients are allreduced again. Use `with "
-                              "optimizer.skip_synchronize(): optimizer.step()` after synchronize().")
-            self.synchronize()
-        self._synchronized = False
-        return super(self.__class__, self).step(closure)
-
-    def zero_grad(self, *args, **kwargs):
-        if self._handles:
-            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
-                                 "optimizer.step() or optimizer.synchronize(). This is prohibited as "
-                                 "it can cause a race condition.")
-        result = super(self.__class__, self).zero_grad(*args, **kwargs)
-        for p, g in self._shared_grads.items():
-            if p.grad is None:  # set_to_none dropped it: the shared buffer comes back, zeroed
-                p.grad = g.zero_()
-        return result
-
-
-def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
-                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                         shared_gradients=False):
-    """Wraps a torch optimizer: each gradient's allreduce starts from a hook as soon as backward
-    produced it (after `backward_passes_per_step` passes), and step() waits for them before
-    updating. Returns an instance of a subclass of the optimizer's class.
-    shared_gradients=True (Conflux's own, not Horovod's) gives every CPU parameter a gradient
-    buffer in shared tensor memory (shared_zeros), kept across zero_grad() (set_to_none puts it back
-    zeroed): with several ranks on one host, the allreduces then run without copies."""
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
-               dict(_DistributedOptimizer.__dict__))
-    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, shared_gradients)
-
-
 # ---- broadcast helpers ----
 def broadcast_parameters(params, root_rank):
     """Broadcasts parameters/buffers in place from root_rank: a state_dict or dict (sorted by key),
@@ -534,3 +350,7 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
                              name="optimizer_state")
     if rank() != root_rank:
         optimizer.load_state_dict(state)
+
+
+# The optimizer (conflux/torch_optimizer.py) builds on the names above.
+from .torch_optimizer import DistributedOptimizer  # noqa: E402

@@ -1,5 +1,7 @@
 """DistributedOptimizer: N steps on R ranks (each its own shard of every batch) must equal a
-single-process run on the concatenated batches, and leave identical parameters on all ranks."""
+single-process run on the concatenated batches, and leave identical parameters on all ranks; on
+the default gradient storage (a gradient set) and on the framework's (per-call allreduces).
+test_optimizer_gradset.py has the gradient set's cases."""
 import copy
 
 import pytest
@@ -78,10 +80,11 @@ def assert_identical_everywhere(model, size):
         assert torch.equal(every[r], every[0]), "rank %d holds different parameters" % r
 
 
+@pytest.mark.parametrize("storage", ["conflux", "framework"])
 @pytest.mark.parametrize("kind", ["sgd", "momentum", "adam"])
-def test_matches_single_process_on_concatenated_data(kind, rank, size):
+def test_matches_single_process_on_concatenated_data(kind, rank, size, storage):
     ref = reference(kind, size)
-    got = distributed(kind, rank, size)
+    got = distributed(kind, rank, size, gradient_storage=storage)
     for (name, p), q in zip(got.named_parameters(), ref.parameters()):
         assert torch.allclose(p, q, rtol=1e-4, atol=1e-5), name
     assert_identical_everywhere(got, size)
@@ -97,18 +100,20 @@ def test_gradient_predivide_factor(rank, size):
     assert_identical_everywhere(got, size)
 
 
-def test_backward_passes_per_step(rank, size):
-    # Two passes accumulate (sum) two half-batch mean gradients locally before one allreduce.
+@pytest.mark.parametrize("storage", ["conflux", "framework"])
+def test_backward_passes_per_step(rank, size, storage):
+    # Two passes accumulate (sum) two half-batch mean gradients locally before one reduction.
     ref = reference("sgd", size, passes=2)
-    got = distributed("sgd", rank, size, passes=2)
+    got = distributed("sgd", rank, size, passes=2, gradient_storage=storage)
     for p, q in zip(got.parameters(), ref.parameters()):
         assert torch.allclose(p, q, rtol=1e-4, atol=1e-5)
     assert_identical_everywhere(got, size)
 
 
-def test_fp16_compression(rank, size):
+@pytest.mark.parametrize("storage", ["conflux", "framework"])
+def test_fp16_compression(rank, size, storage):
     ref = reference("sgd", size)
-    got = distributed("sgd", rank, size, compression=cfx.Compression.fp16)
+    got = distributed("sgd", rank, size, compression=cfx.Compression.fp16, gradient_storage=storage)
     for p, q in zip(got.parameters(), ref.parameters()):
         assert torch.allclose(p, q, rtol=1e-2, atol=2e-3)
     assert_identical_everywhere(got, size)
@@ -176,35 +181,35 @@ def test_named_parameters_validation(rank, size):
     copy.deepcopy(opt.state_dict())
 
 
-def test_allreduces_start_during_backward(rank, size):
+def test_gradients_are_marked_ready_during_backward(rank, size):
     model = make_model()
     opt = cfx.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                    named_parameters=model.named_parameters())
-    started = []
-    last = list(model.parameters())[-1]
-    # a hook that runs after the last layer's gradient was produced, while backward continues
+    (gset,) = opt._sets
+    marked = []
+    # a hook that runs before the first layer's gradient is accumulated, while backward continues
     first_layer_weight = list(model.parameters())[0]
-    first_layer_weight.register_hook(lambda g: started.append(len(opt._handles)) or g)
+    first_layer_weight.register_hook(lambda g: marked.append(sum(gset.fired)) or g)
     model(torch.ones(2, IN)).sum().backward()
-    assert started and started[0] >= 1, started  # later layers' allreduces were already in flight
-    assert all(h is not None for h, _ in opt._handles.values())
-    assert len(opt._handles) == len(list(model.parameters()))
-    assert last in opt._handles
+    assert marked and marked[0] >= 1, marked  # later layers' gradients were already ready
+    assert all(gset.fired) and len(gset.fired) == len(list(model.parameters()))
     opt.step()
-    assert not opt._handles
+    assert not any(gset.fired)
 
 
 @pytest.mark.parametrize("set_to_none", [False, True])
-def test_shared_gradients(rank, size, set_to_none):
-    """shared_gradients=True: the gradients live in shared tensor memory (across zero_grad, also
-    with set_to_none), and training gives exactly the parameters of the ordinary run."""
-    plain = distributed("momentum", rank, size)
+def test_gradient_storage(rank, size, set_to_none):
+    """The default storage: the gradients live in the gradient set's shared tensor memory (across
+    zero_grad, also with set_to_none), and training gives exactly the parameters of the
+    framework-memory run (per-call allreduces): both sum the ranks in the same order."""
+    framework = distributed("momentum", rank, size, gradient_storage="framework")
     model = make_model()
     opt = cfx.DistributedOptimizer(make_opt("momentum", model.parameters()),
-                                   named_parameters=model.named_parameters(), shared_gradients=True)
+                                   named_parameters=model.named_parameters())
     cfx.broadcast_parameters(model.state_dict(), root_rank=0)
     x, y = dataset(size)
     mine = slice(rank * BATCH, (rank + 1) * BATCH)
+    where = {name: p.grad.data_ptr() for name, p in model.named_parameters()}
     for s in range(STEPS):
         opt.zero_grad(set_to_none=set_to_none)
         torch.nn.functional.mse_loss(model(x[s][mine]), y[s][mine]).backward()
@@ -212,6 +217,8 @@ def test_shared_gradients(rank, size, set_to_none):
         for name, p in model.named_parameters():
             addr, nbytes = p.grad.data_ptr(), p.grad.numel() * p.grad.element_size()
             assert cfx._capi.cfx_is_shared(addr, nbytes) == 1, name
-    for (name, p), q in zip(model.named_parameters(), plain.parameters()):
-        assert torch.equal(p, q), name  # the same reduction order on either path: the same bits
+            assert addr == where[name], name
+    for (name, p), q in zip(model.named_parameters(), framework.parameters()):
+        assert torch.equal(p, q), name
+        assert not cfx._capi.cfx_is_shared(q.grad.data_ptr(), q.grad.numel() * q.grad.element_size())
     assert_identical_everywhere(model, size)
