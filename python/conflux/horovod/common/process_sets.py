@@ -96,6 +96,9 @@ class _GlobalProcessSet(ProcessSet):
     def ranks(self):
         return list(range(_core.size())) if _core.is_initialized() else []
 
+    def __repr__(self):  # the same before and after init (it stands in signatures)
+        return "ProcessSet(process_set_id=0, global)"
+
 
 global_process_set = _GlobalProcessSet()
 
