@@ -35,7 +35,7 @@ __all__ = list(_core.BASE_NAMES) + list(_ops.NAMES) + [
     "barrier", "join", "poll", "synchronize", "Handle",
     "DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state",
     "broadcast_object", "allgather_object", "Compression", "Compressor", "NoneCompressor",
-    "FP16Compressor", "shared_empty", "shared_zeros",
+    "FP16Compressor", "shared_empty", "shared_zeros", "ProcessSet",
 ] + list(_core.ERROR_NAMES)
 
 # ---- torch dtypes <-> ABI dtypes ----
@@ -350,6 +350,10 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
                              name="optimizer_state")
     if rank() != root_rank:
         optimizer.load_state_dict(state)
+
+
+# ---- process sets ----
+from .torch_process_sets import ProcessSet  # noqa: E402  (needs the module above)
 
 
 # The optimizer (conflux/torch_optimizer.py) builds on the names above.
