@@ -1,4 +1,4 @@
-"""Shared fixtures for the multi-rank suites (run under mpirun with 2 and 3 ranks).
+"""Shared fixtures for the multi-rank suites (run under mpirun with 2, 3 and 4 ranks).
 
 Every rank runs the same tests in the same order, so collectives line up; whether a test runs or
 skips never depends on the rank. Each rank's contribution is a known function of (rank, seed) so a
