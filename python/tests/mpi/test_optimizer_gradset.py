@@ -190,19 +190,25 @@ def test_set_backward_passes_per_step_commits_again(rank, size):
     assert all(shared(p.grad) for _, p in params)
 
 
-@pytest.mark.parametrize("reset", ["zero_grad", "set_to_none"])
+@pytest.mark.parametrize("reset", ["zero_grad", "set_to_none", "behind"])
 def test_unused_parameters_contribute_zeros(rank, size, reset):
     """Rank 0 never produces two gradients (the last rank one): they are reduced as they are,
-    zeros after zero_grad, also when set_to_none dropped the view."""
+    zeros after zero_grad, also when set_to_none (or the script, behind the optimizer's back)
+    dropped the view."""
     params = make_params()
     opt = make_opt(params, rank)
     skip = {0: (1, 4), size - 1: (4,)}.get(rank, ())
     unused = {1: (0,), 4: (0, size - 1)}
-    for step in range(2):
-        opt.zero_grad(set_to_none=reset == "set_to_none")
+    for step in range(3):
+        if reset == "behind":
+            for _, p in params:
+                p.grad = None
+        else:
+            opt.zero_grad(set_to_none=reset == "set_to_none")
         backward(params, rank, step, skip=skip)
         opt.step()
         check(params, size, step, unused=unused)
+        assert all(shared(p.grad) for _, p in params)
 
 
 def test_parameters_added_later_commit_a_new_set(rank, size):
@@ -241,7 +247,7 @@ def test_fp16_compression_stays_on_the_set(rank, size):
     params = make_params()
     opt = make_opt(params, rank, compression=cfx.Compression.fp16)
     assert len(opt._sets) == 1 and not opt._requires_update
-    for step in range(2):
+    for step in range(3):
         opt.zero_grad(set_to_none=step == 1)
         backward(params, rank, step, skip=(2,) if rank == 0 else ())
         opt.step()
@@ -344,3 +350,21 @@ def test_broadcast_optimizer_state_and_parameters(rank, size):
         model(torch.ones(1, 4)).sum().backward()
         opt.step()  # still training through the set
     assert shared(model.weight.grad)
+
+
+def test_sparse_gradients_accumulate_into_the_dense_view(rank, size):
+    """nn.Embedding(sparse=True): rank r looks up rows r and r + 1; the view holds the dense
+    average (as sparse_as_dense would)."""
+    emb = torch.nn.Embedding(size + 1, 2, sparse=True)
+    opt = cfx.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.0),
+                                   named_parameters=emb.named_parameters())
+    want = np.zeros((size + 1, 2))
+    for r in range(size):
+        want[r] += 1.0 / size
+        want[r + 1] += 1.0 / size
+    for step in range(2):
+        opt.zero_grad(set_to_none=step == 1)
+        emb(torch.tensor([rank, rank + 1])).sum().backward()
+        opt.step()
+        assert not emb.weight.grad.is_sparse and shared(emb.weight.grad)
+        np.testing.assert_allclose(emb.weight.grad.numpy(), want, rtol=1e-6)
