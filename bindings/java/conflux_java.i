@@ -102,6 +102,8 @@
 %ignore cfx_gradset_ready;
 %ignore cfx_gradset_wait;
 %ignore cfx_gradset_free;
+/* Subset contexts: cfxj_subset (the ranks as an int[]). */
+%ignore cfx_context_create_subset;
 
 /* ---- Helpers ------------------------------------------------------------------------------ */
 
@@ -470,4 +472,22 @@ int cfxj_gradset_wait(int64_t set, double timeout_s) {
 }
 
 void cfxj_gradset_free(int64_t set) { cfx_gradset_free(cfxj_ptr(set)); }
+
+/* cfx_context_create_subset over `ranks` (Conflux.subset): the new context, or NULL; the status
+ * is recorded either way, so NULL with CFX_OK means this rank is not listed. */
+cfx_context *cfxj_subset(JNIEnv *jenv, cfx_context *ctx, jintArray ranks) {
+    jsize n = (*jenv)->GetArrayLength(jenv, ranks);
+    jint *r = malloc((n ? (size_t)n : 1) * sizeof *r);
+    cfx_context *out = NULL;
+    cfx_status s;
+    if (!r) {
+        cfxj_set_status(CFX_ERR_OUT_OF_MEMORY);
+        return NULL;
+    }
+    (*jenv)->GetIntArrayRegion(jenv, ranks, 0, n, r);
+    s = cfx_context_create_subset(ctx, (const int *)r, (size_t)n, &out);
+    free(r);
+    cfxj_set_status(s);
+    return s == CFX_OK ? out : NULL;
+}
 %}

@@ -175,6 +175,34 @@ public final class Conflux implements AutoCloseable {
         return new Conflux(p);
     }
 
+    /**
+     * A context over some of this context's ranks (Horovod's process sets, NCCL's
+     * {@code ncclCommSplit}). Collective over this context's ranks: every rank passes the same
+     * ranks (any order, no duplicates), from one thread, in the same order as its other subsets.
+     * Members get a new context whose ranks are numbered in ascending order of their rank here;
+     * every collective and {@link GradientSet} works on it unchanged, with its own negotiation,
+     * response cache, background thread and data path, so subsets that overlap run at the same
+     * time. The other ranks get null. {@link #close()} it on every member; closing (or a shutdown
+     * of) this context shuts its subsets down, whose calls then throw {@link ShutDownException}.
+     *
+     * @throws IllegalArgumentException on every rank for a rank outside 0..size()-1, a rank
+     *         listed twice, an empty list, or ranks passing different lists (the message names
+     *         the rank and the value)
+     */
+    public Conflux subset(int... ranks) {
+        if (ranks == null) {
+            throw new IllegalArgumentException("Conflux: subset ranks is null");
+        }
+        long p = ConfluxNative.cfxj_subset(ptr(), ranks);
+        if (p == 0) {
+            if (ConfluxNative.cfxj_last_status() == cfx_status.CFX_OK) {
+                return null;
+            }
+            throw lastError();
+        }
+        return new Conflux(p);
+    }
+
     /** The library version, "1.0.0". */
     public static String version() {
         return ConfluxNative.cfx_version_string();
