@@ -441,6 +441,103 @@ for _, kind in ipairs { "allreduce", "allgather", "broadcast", "alltoall", "redu
   end
 end
 
+-- ---- subsets ------------------------------------------------------------------------------------
+
+local Subset = {}
+Subset.__index = Subset
+Subset.__name = "conflux.subset"
+local subsets = setmetatable({}, { __mode = "k" })  -- live subsets: closed before the context goes
+M.Subset = Subset
+
+-- Completes every pending handle of context c after its shutdown (they complete at once; one
+-- that does not is failed after a bounded wait and its data kept for good), and forgets c's
+-- detached handles: nothing may touch c once it is freed.
+local function settle(c)
+  for h in pairs(pending) do
+    if h._ctx == c then
+      local st, msg = core.wait(c, h._id, 30)
+      if st == ERR_TIMEOUT then
+        h._error, h._done = new_error(3, tostring(h) .. " did not complete at shutdown"), true
+        pending[h] = nil
+        leaked[#leaked + 1] = h  -- keeps its array alive for good
+      else
+        finish(h, st, msg)
+      end
+    end
+  end
+  local keep = {}
+  for _, h in ipairs(detached) do
+    if h._ctx ~= c then keep[#keep + 1] = h end
+  end
+  detached = keep
+end
+
+--- cfx.subset{ r1, r2, ... } -> a subset of the job's ranks (Horovod's process sets): collective
+-- over all ranks, every rank passing the same ranks (any order, no duplicates), in the same order
+-- as its other subsets. Members get an object with the module's collectives as methods
+-- (s:allreduce(data, opts), s:allgather_async(...), ..., s:barrier(), s:join()) over the members
+-- only, with its own negotiation, cache and data path (subsets that overlap run at the same time),
+-- s:rank() and s:size() (members numbered in ascending order of their rank), s.ranks, and
+-- s:close() (on every member; also `local s <close> = ...`). Other ranks get nil. A bad list
+-- (a rank out of range, twice, or lists that differ) raises invalid_argument on every rank.
+-- cfx.shutdown() closes every subset first.
+function M.subset(ranks)
+  local c = context(2)
+  if type(ranks) ~= "table" then argerror("cfx.subset takes a table of ranks", 2) end
+  local sub, st, msg = core.subset(c, ranks)
+  if sub == nil then raise(st, msg, 2) end
+  if sub == false then return nil end
+  local sorted = {}
+  for i, r in ipairs(ranks) do sorted[i] = r end
+  table.sort(sorted)
+  local self = setmetatable({ _ctx = sub, ranks = sorted }, Subset)
+  subsets[self] = true
+  return self
+end
+
+local function subset_ctx(self, level)
+  if not self._ctx then raise(3, "the subset was closed", level + 1) end
+  return self._ctx
+end
+
+-- Runs a module function with the subset's context as the current one (the Lua state is one
+-- thread, and nothing between the swap and the restore yields).
+local function within(self, fn, ...)
+  local saved = ctx
+  ctx = subset_ctx(self, 3)
+  local r = table.pack(pcall(fn, ...))
+  ctx = saved
+  if not r[1] then error(r[2], 0) end
+  return table.unpack(r, 2, r.n)
+end
+
+for _, kind in ipairs { "allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join" } do
+  for _, name in ipairs { kind, kind .. "_async" } do
+    local fn = M[name]
+    Subset[name] = function(self, ...) return within(self, fn, ...) end
+  end
+end
+
+function Subset:rank() return int(core.cfx_rank(subset_ctx(self, 2))) end
+function Subset:size() return int(core.cfx_size(subset_ctx(self, 2))) end
+
+--- s:close(): shuts the subset down (pending collectives on it fail with kind "shut_down", on the
+-- other members too) and frees it. Idempotent.
+function Subset:close()
+  local c = self._ctx
+  if not c then return end
+  self._ctx = nil
+  subsets[self] = nil
+  core.cfx_shutdown(c)
+  settle(c)
+  core.cfx_context_free(c)
+end
+Subset.__close = Subset.close
+
+function Subset:__tostring()
+  return "conflux.subset{" .. table.concat(self.ranks, ", ") .. "}" .. (self._ctx and "" or " (closed)")
+end
+
 --- The blocking forms take the same arguments as the async ones and return the result:
 --   allreduce(data [, opts]) with opts { op = "sum"|"average"|"min"|"max"|"product", name = string,
 --     prescale = n, postscale = n, dtype = string (tables; default "float64") } or opts = an op name;
@@ -621,19 +718,11 @@ end
 
 function M.shutdown()
   if not ctx then return end
+  for sub in pairs(subsets) do sub:close() end  -- their handles belong to their own contexts
   core.cfx_shutdown(ctx)
-  for h in pairs(pending) do
-    -- after shutdown every handle completes at once; should one not, fail it after a bounded wait
-    -- and keep (leak) its data rather than free memory a collective might still write
-    local st, msg = core.wait(ctx, h._id, 30)
-    if st == ERR_TIMEOUT then
-      h._error, h._done = new_error(3, tostring(h) .. " did not complete at shutdown"), true
-      pending[h] = nil
-      leaked[#leaked + 1] = h  -- keeps its array alive for good
-    else
-      finish(h, st, msg)
-    end
-  end
+  -- after shutdown every handle completes at once; should one not, fail it after a bounded wait
+  -- and keep (leak) its data rather than free memory a collective might still write
+  settle(ctx)
   detached = {}
   for gs in pairs(gradsets) do gs:free() end  -- a set must not outlive its context
   core.cfx_context_free(ctx)

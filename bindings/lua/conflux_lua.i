@@ -52,8 +52,10 @@
 %ignore cfx_gradset_ready;
 %ignore cfx_gradset_wait;
 %ignore cfx_gradset_free;
+%ignore cfx_context_create_subset; /* the subset native below */
 
 %{
+#include <limits.h>
 #include <math.h>
 #include <time.h>
 #include <stdlib.h>
@@ -472,6 +474,41 @@ static int cfxl_init(lua_State *L) {
     s = cfx_init(&o, &ctx);
     if (s != CFX_OK) return cfxl_fail_last(L, s);
     SWIG_NewPointerObj(L, ctx, SWIGTYPE_p_cfx_context, 0);
+    return 1;
+}
+
+/* subset(ctx, ranks) -> the subset's context | false (this rank is not listed) | nil, status,
+ * message. ranks: a sequence of integers, the same on every rank (cfx_context_create_subset). */
+static int cfxl_subset(lua_State *L) {
+    cfx_context *ctx = cfxl_ctx(L, 1);
+    cfx_context *out = NULL;
+    lua_Integer n, i;
+    int *ranks;
+    cfx_status s;
+    luaL_checktype(L, 2, LUA_TTABLE);
+    n = luaL_len(L, 2);
+    ranks = malloc((size_t)(n > 0 ? n : 1) * sizeof *ranks);
+    if (!ranks) return cfxl_fail(L, CFX_ERR_OUT_OF_MEMORY, "subset: out of memory");
+    for (i = 1; i <= n; i++) {
+        int isnum = 0;
+        lua_Integer v;
+        lua_geti(L, 2, i);
+        v = lua_tointegerx(L, -1, &isnum);
+        lua_pop(L, 1);
+        if (!isnum || v < INT_MIN || v > INT_MAX) {
+            free(ranks);
+            return luaL_argerror(L, 2, "ranks must be integers");
+        }
+        ranks[i - 1] = (int)v;
+    }
+    s = cfx_context_create_subset(ctx, ranks, (size_t)n, &out);
+    free(ranks);
+    if (s != CFX_OK) return cfxl_fail_last(L, s);
+    if (!out) {
+        lua_pushboolean(L, 0);
+        return 1;
+    }
+    SWIG_NewPointerObj(L, out, SWIGTYPE_p_cfx_context, 0);
     return 1;
 }
 
@@ -896,6 +933,7 @@ static int cfxl_bench_c_allreduce(lua_State *L) {
 %native(bench_c_allreduce) int cfxl_bench_c_allreduce(lua_State *L);
 %native(is_array) int cfxl_is_array(lua_State *L);
 %native(init) int cfxl_init(lua_State *L);
+%native(subset) int cfxl_subset(lua_State *L);
 %native(allreduce) int cfxl_allreduce(lua_State *L);
 %native(allgather) int cfxl_allgather(lua_State *L);
 %native(broadcast) int cfxl_broadcast(lua_State *L);
