@@ -277,3 +277,19 @@ def test_join_never_hangs_while_the_others_allgather(named, rank, size):
             last = hvd.join()
         assert last != first and last in range(size)
         assert hvd.allgather_object(last, name="join.last") == [last] * size
+
+
+def test_objects_travel_by_cloudpickle(rank, size):
+    """As in Horovod: lambdas and local classes cross too (the default names are the same on
+    every rank, so ranks other than root may pass None)."""
+    pytest.importorskip("cloudpickle", reason="python3-cloudpickle is not installed")
+    root = size - 1
+
+    class Local:
+        def __init__(self, r):
+            self.r = r
+
+    fn = hvd.broadcast_object((lambda x: x * 10 + root) if rank == root else None, root_rank=root)
+    assert fn(2) == 20 + root
+    got = hvd.allgather_object(Local(rank))
+    assert [o.r for o in got] == list(range(size))

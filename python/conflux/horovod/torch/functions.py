@@ -1,8 +1,16 @@
 """horovod.torch.functions: broadcasting parameters, optimizer state and objects, gathering
-objects; each over a process set (the global one by default), with root ranks the job's ranks."""
+objects; each over a process set (the global one by default), with root ranks the job's ranks.
+Objects travel pickled by cloudpickle, as in Horovod (lambdas and local classes too), or by
+pickle where cloudpickle is not installed (Debian: python3-cloudpickle)."""
 import pickle
 
 import torch
+
+try:
+    from cloudpickle import dumps as _dumps
+except ImportError:  # the standard pickle: module-level objects only
+    def _dumps(obj):
+        return pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
 
 from . import mpi_ops as _mpi
 from .mpi_ops import global_process_set
@@ -61,7 +69,7 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None, process_set=glob
 
 def _broadcast_object(ops, obj, root, name):
     if ops.rank() == root:
-        payload = torch.frombuffer(bytearray(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)),
+        payload = torch.frombuffer(bytearray(_dumps(obj)),
                                    dtype=torch.uint8)
         length = torch.tensor([payload.numel()], dtype=torch.int64)
     else:
@@ -85,7 +93,7 @@ def allgather_object(obj, name=None, process_set=global_process_set):
     every rank's object, in the order of the set's ranks."""
     ops, _ = _on(process_set)
     base = name or "allgather_object"
-    payload = torch.frombuffer(bytearray(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)),
+    payload = torch.frombuffer(bytearray(_dumps(obj)),
                                dtype=torch.uint8)
     sizes = _mpi.synchronize(ops.allgather_async(
         torch.tensor([payload.numel()], dtype=torch.int64), base + ".sz")).tolist()
