@@ -20,6 +20,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* One exception class per status (index = status value), created at module init. */
@@ -311,10 +312,287 @@ static PyObject *cfx_py_gradset_wait(cfx_gradset *set, double timeout_s) {
     cfx_py_raise((int)st, cfx_last_error());
     return NULL;
 }
+/* ---- the fast path of lone collectives ----
+ * METH_FASTCALL functions added to the native module at init (SWIG's wrappers unpack a tuple and
+ * convert every argument through its type table; these take the package's objects as they are):
+ *   cfx_py_run(kind, name, desc, output, a, b, c, ctx, keep) -> None: submits, waits (the GIL
+ *     released once for the submit and the first slice of the wait) and releases the handle; raises
+ *     the collective's error. Interrupted by a signal, it hands (ctx, handle, keep) to the parking
+ *     function set by cfx_py_fast_init before the exception propagates: the engine still borrows
+ *     the memory that `keep` holds.
+ *   cfx_py_submit(kind, name, desc, output, a, b, c, ctx) -> the handle id (an int).
+ *   cfx_py_finish(ptr, handle, timeout_s) -> None: cfx_py_wait, then the handle released when the
+ *     collective succeeded (the state a Handle keeps for LIKE and in-place results).
+ * ctx: an object whose attribute `ptr` is the SWIG cfx_context pointer. kind: CFX_PY_ALLREDUCE
+ * (a = op, b = prescale, c = postscale, output = an address or None), CFX_PY_BROADCAST (a = root
+ * rank) or CFX_PY_BARRIER (desc None). name: a str or None; desc: the tuple of cfx_py_tensor.
+ * The context comes after the request, so that a bad argument is reported before a missing init. */
+enum { CFX_PY_ALLREDUCE = 0, CFX_PY_BROADCAST = 1, CFX_PY_BARRIER = 2 };
+static PyObject *cfx_py_park;    /* park(ctx, handle, keep), set by cfx_py_fast_init */
+static PyObject *cfx_py_str_ptr; /* "ptr", interned */
+
+static int cfx_py_context_of(PyObject *ctx, cfx_context **out) {
+    PyObject *p = PyObject_GetAttr(ctx, cfx_py_str_ptr);
+    if (p == NULL) return -1;
+    void *vp = NULL;
+    int res = p == Py_None ? SWIG_ERROR : SWIG_ConvertPtr(p, &vp, SWIGTYPE_p_cfx_context, 0);
+    Py_DECREF(p);
+    if (!SWIG_IsOK(res) || vp == NULL) {
+        cfx_py_raise(CFX_ERR_NOT_INITIALIZED, "Conflux has not been initialized; use conflux.init().");
+        return -1;
+    }
+    *out = vp;
+    return 0;
+}
+
+/* The request of a lone collective, read from the fast functions' arguments (args[0..6]). */
+typedef struct cfx_py_lone {
+    int kind;
+    const char *name;
+    cfx_tensor t;
+    int64_t shape[CFX_MAX_NDIM];
+    void *output;
+    long a;
+    double b, c;
+} cfx_py_lone;
+
+static int cfx_py_lone_args(PyObject *const *args, cfx_py_lone *r) {
+    long kind = PyLong_AsLong(args[0]);
+    if (kind == -1 && PyErr_Occurred()) return -1;
+    r->kind = (int)kind;
+    r->name = NULL;
+    if (args[1] != Py_None) {
+        r->name = PyUnicode_AsUTF8(args[1]);
+        if (r->name == NULL) return -1;
+    }
+    if (r->kind == CFX_PY_BARRIER) return 0;
+    if (cfx_py_tensor(args[2], &r->t, r->shape) < 0) return -1;
+    if (cfx_py_pointer(args[3], &r->output, "output address") < 0) return -1;
+    r->a = PyLong_AsLong(args[4]);
+    if (r->a == -1 && PyErr_Occurred()) return -1;
+    if (r->kind == CFX_PY_ALLREDUCE) {
+        r->b = PyFloat_AsDouble(args[5]);
+        if (r->b == -1.0 && PyErr_Occurred()) return -1;
+        r->c = PyFloat_AsDouble(args[6]);
+        if (r->c == -1.0 && PyErr_Occurred()) return -1;
+    } else if (r->kind == CFX_PY_BROADCAST) {
+        if (r->a < INT_MIN || r->a > INT_MAX) {
+            PyErr_Format(PyExc_ValueError, "root_rank %ld is out of range", r->a);
+            return -1;
+        }
+    } else {
+        PyErr_Format(PyExc_ValueError, "unknown fast collective kind %d", r->kind);
+        return -1;
+    }
+    return 0;
+}
+
+/* Without the GIL. */
+static cfx_status cfx_py_lone_submit(cfx_context *ctx, const cfx_py_lone *r, cfx_handle *h) {
+    switch (r->kind) {
+    case CFX_PY_ALLREDUCE:
+        return cfx_allreduce_async(ctx, r->name, &r->t, r->output, (cfx_reduce_op)r->a, r->b, r->c, h);
+    case CFX_PY_BROADCAST:
+        return cfx_broadcast_async(ctx, r->name, &r->t, (int)r->a, h);
+    default:
+        return cfx_barrier_async(ctx, h);
+    }
+}
+
+static int cfx_py_fast_nargs(Py_ssize_t n, Py_ssize_t want, const char *fn) {
+    if (n == want) return 0;
+    PyErr_Format(PyExc_TypeError, "%s takes %zd arguments (%zd given)", fn, want, n);
+    return -1;
+}
+
+/* The collective's error of a completed handle, raised; the handle is released afterwards. */
+static PyObject *cfx_py_fail_handle(cfx_context *ctx, cfx_handle h, cfx_status st) {
+    const char *msg = NULL;
+    if (st != CFX_ERR_STALE_HANDLE && st != CFX_ERR_NOT_INITIALIZED) msg = cfx_handle_message(ctx, h);
+    if (msg == NULL || msg[0] == '\0') msg = cfx_last_error();
+    cfx_py_raise(st, msg);
+    if (st != CFX_ERR_STALE_HANDLE) (void)cfx_handle_release(ctx, h);
+    return NULL;
+}
+
+static PyObject *cfx_py_run(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    cfx_context *ctx;
+    cfx_py_lone r;
+    if (cfx_py_fast_nargs(n, 9, "cfx_py_run") < 0 || cfx_py_lone_args(args, &r) < 0 ||
+        cfx_py_context_of(args[7], &ctx) < 0)
+        return NULL;
+    cfx_handle h = 0;
+    cfx_status sub, st = CFX_ERR_TIMEOUT;
+    Py_BEGIN_ALLOW_THREADS
+    sub = cfx_py_lone_submit(ctx, &r, &h);
+    if (sub == CFX_OK) {
+        st = cfx_wait(ctx, h, 0.25);
+        if (st == CFX_OK) (void)cfx_handle_release(ctx, h);
+    }
+    Py_END_ALLOW_THREADS
+    if (sub != CFX_OK) {
+        cfx_py_raise((int)sub, cfx_last_error());
+        return NULL;
+    }
+    if (st == CFX_ERR_TIMEOUT) {
+        cfx_py_handle_ref ref = {ctx, h};
+        if (PyErr_CheckSignals() < 0 || cfx_py_wait_sliced(cfx_py_wait_handle, &ref, -1.0, &st) < 0) {
+            /* Still pending: park it with what it borrows, keeping the signal's exception. */
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyObject *hid = PyLong_FromUnsignedLongLong((unsigned long long)h);
+            PyObject *res = hid && cfx_py_park ? PyObject_CallFunctionObjArgs(cfx_py_park, args[7], hid,
+                                                                              args[8], NULL) : NULL;
+            if (res == NULL) PyErr_WriteUnraisable(cfx_py_park);
+            Py_XDECREF(res);
+            Py_XDECREF(hid);
+            PyErr_Restore(type, value, tb);
+            return NULL;
+        }
+        if (st == CFX_OK) (void)cfx_handle_release(ctx, h);
+    }
+    if (st != CFX_OK) return cfx_py_fail_handle(ctx, h, st);
+    Py_RETURN_NONE;
+}
+
+static PyObject *cfx_py_submit(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    cfx_context *ctx;
+    cfx_py_lone r;
+    if (cfx_py_fast_nargs(n, 8, "cfx_py_submit") < 0 || cfx_py_lone_args(args, &r) < 0 ||
+        cfx_py_context_of(args[7], &ctx) < 0)
+        return NULL;
+    cfx_handle h = 0;
+    cfx_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = cfx_py_lone_submit(ctx, &r, &h);
+    Py_END_ALLOW_THREADS
+    if (st != CFX_OK) {
+        cfx_py_raise((int)st, cfx_last_error());
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong((unsigned long long)h);
+}
+
+static PyObject *cfx_py_finish(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *vp = NULL;
+    if (cfx_py_fast_nargs(n, 3, "cfx_py_finish") < 0) return NULL;
+    if (!SWIG_IsOK(SWIG_ConvertPtr(args[0], &vp, SWIGTYPE_p_cfx_context, 0)) || vp == NULL) {
+        PyErr_SetString(PyExc_TypeError, "cfx_py_finish: expected a cfx_context pointer");
+        return NULL;
+    }
+    unsigned long long h = PyLong_AsUnsignedLongLong(args[1]);
+    if (h == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    double timeout_s = PyFloat_AsDouble(args[2]);
+    if (timeout_s == -1.0 && PyErr_Occurred()) return NULL;
+    PyObject *res = cfx_py_wait(vp, (uint64_t)h, timeout_s);
+    if (res != NULL) (void)cfx_handle_release(vp, (cfx_handle)h);
+    return res;
+}
+
+static PyObject *cfx_py_fast_init(PyObject *self, PyObject *park) {
+    if (!PyCallable_Check(park)) {
+        PyErr_SetString(PyExc_TypeError, "cfx_py_fast_init needs a callable");
+        return NULL;
+    }
+    Py_INCREF(park);
+    Py_XSETREF(cfx_py_park, park);
+    Py_RETURN_NONE;
+}
+
+/* cfx_py_bench_c_allreduce(ptr, n) -> a list of n times (us): the C loop of bench/lang (a blocking
+ * 1-element float32 SUM allreduce named "ovh": submit, cfx_wait, release), run inside this process
+ * with the GIL released, so that the Python calls are compared with C under the same load. */
+static PyObject *cfx_py_bench_c_allreduce(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    void *vp = NULL;
+    if (cfx_py_fast_nargs(n, 2, "cfx_py_bench_c_allreduce") < 0) return NULL;
+    if (!SWIG_IsOK(SWIG_ConvertPtr(args[0], &vp, SWIGTYPE_p_cfx_context, 0)) || vp == NULL) {
+        PyErr_SetString(PyExc_TypeError, "cfx_py_bench_c_allreduce: expected a cfx_context pointer");
+        return NULL;
+    }
+    Py_ssize_t count = PyLong_AsSsize_t(args[1]);
+    if (count < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "count must be >= 0");
+        return NULL;
+    }
+    double *t = malloc(((size_t)count + 1) * sizeof *t);
+    if (t == NULL) return PyErr_NoMemory();
+    float x = 1.0f;
+    int64_t shape[1] = {1};
+    cfx_tensor tensor;
+    memset(&tensor, 0, sizeof tensor);
+    tensor.data = &x;
+    tensor.dtype = CFX_FLOAT32;
+    tensor.ndim = 1;
+    tensor.shape = shape;
+    tensor.device = CFX_DEVICE_CPU;
+    cfx_status st = CFX_OK;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < count && st == CFX_OK; i++) {
+        struct timespec a, b;
+        cfx_handle h = 0;
+        timespec_get(&a, TIME_UTC);
+        st = cfx_allreduce_async(vp, "ovh", &tensor, NULL, CFX_OP_SUM, 1.0, 1.0, &h);
+        if (st == CFX_OK) st = cfx_wait(vp, h, -1.0);
+        if (h) (void)cfx_handle_release(vp, h);
+        timespec_get(&b, TIME_UTC);
+        t[i] = (double)(b.tv_sec - a.tv_sec) * 1e6 + (double)(b.tv_nsec - a.tv_nsec) * 1e-3;
+        x = 1.0f;
+    }
+    Py_END_ALLOW_THREADS
+    if (st != CFX_OK) {
+        free(t);
+        cfx_py_raise((int)st, cfx_last_error());
+        return NULL;
+    }
+    PyObject *out = PyList_New(count);
+    for (Py_ssize_t i = 0; out != NULL && i < count; i++) {
+        PyObject *v = PyFloat_FromDouble(t[i]);
+        if (v == NULL) Py_CLEAR(out);
+        else PyList_SET_ITEM(out, i, v);
+    }
+    free(t);
+    return out;
+}
+
+/* cfx_py_data_address(obj) -> the address of obj's memory through the buffer protocol (a C-contiguous
+ * numpy array: what __array_interface__["data"][0] says, without building that dict). */
+static PyObject *cfx_py_data_address(PyObject *self, PyObject *obj) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0) return NULL;
+    void *buf = view.buf;
+    PyBuffer_Release(&view);
+    return PyLong_FromVoidPtr(buf);
+}
+
+static PyMethodDef cfx_py_fast_methods[] = {
+    {"cfx_py_data_address", cfx_py_data_address, METH_O,
+     "cfx_py_data_address(obj) -> the address of a contiguous buffer's memory."},
+    {"cfx_py_bench_c_allreduce", (PyCFunction)(void (*)(void))cfx_py_bench_c_allreduce, METH_FASTCALL,
+     "cfx_py_bench_c_allreduce(ptr, n) -> n times (us) of a blocking 1-element allreduce from C."},
+    {"cfx_py_run", (PyCFunction)(void (*)(void))cfx_py_run, METH_FASTCALL,
+     "cfx_py_run(kind, name, desc, output, a, b, c, ctx, keep): a lone collective, submitted and waited for."},
+    {"cfx_py_submit", (PyCFunction)(void (*)(void))cfx_py_submit, METH_FASTCALL,
+     "cfx_py_submit(kind, name, desc, output, a, b, c, ctx) -> handle id."},
+    {"cfx_py_finish", (PyCFunction)(void (*)(void))cfx_py_finish, METH_FASTCALL,
+     "cfx_py_finish(ptr, handle, timeout_s): waits, then releases the handle when it succeeded."},
+    {"cfx_py_fast_init", cfx_py_fast_init, METH_O,
+     "cfx_py_fast_init(park): park(ctx, handle, keep) takes a blocking call's handle left pending."},
+    {NULL, NULL, 0, NULL},
+};
+
+static int cfx_py_add_fast(PyObject *module) {
+    cfx_py_str_ptr = PyUnicode_InternFromString("ptr");
+    if (cfx_py_str_ptr == NULL || PyModule_AddFunctions(module, cfx_py_fast_methods) < 0) return -1;
+    if (PyModule_AddIntConstant(module, "CFX_PY_ALLREDUCE", CFX_PY_ALLREDUCE) < 0 ||
+        PyModule_AddIntConstant(module, "CFX_PY_BROADCAST", CFX_PY_BROADCAST) < 0 ||
+        PyModule_AddIntConstant(module, "CFX_PY_BARRIER", CFX_PY_BARRIER) < 0)
+        return -1;
+    return 0;
+}
 %}
 
 %init %{
-    if (cfx_py_make_errors(d) < 0) {
+    if (cfx_py_make_errors(d) < 0 || cfx_py_add_fast(m) < 0) {
         return NULL;
     }
 %}

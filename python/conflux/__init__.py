@@ -25,7 +25,7 @@ from . import _ops
 from ._core import (  # noqa: F401  (re-exported API)
     Average, Handle, Max, Min, Product, Sum,
     cross_rank, cross_size, features, init, is_initialized, local_rank, local_size, poll, rank,
-    shutdown, size, synchronize, version, start_timeline, stop_timeline,
+    shutdown, size, synchronize, version, start_timeline, stop_timeline, timeline,
     ConfluxError, InvalidArgumentError, NotInitializedError, ShutDownError, DuplicateNameError,
     MismatchError, UnsupportedError, OutOfMemoryError, TransportError, WaitTimeoutError,
     InProgressError, StaleHandleError, StallError, PeerLostError, ConfigError, VersionError,
@@ -66,12 +66,17 @@ def _dtype_code(dtype):
     return code
 
 
+# The address of a C-contiguous array's memory (the buffer protocol; __array_interface__ builds a
+# dict on every call).
+_address = _core.data_address
+
+
 def _describe(a, what="array"):
     """(address, dtype, shape) of a C-contiguous ndarray: the ABI reads and writes its memory."""
     code = _dtype_code(a.dtype)
     if not a.flags.c_contiguous:
         raise ValueError("%s must be C-contiguous (use numpy.ascontiguousarray)" % what)
-    return (a.__array_interface__["data"][0], code, a.shape)
+    return (_address(a), code, a.shape)
 
 
 def _inplace(a, what="array"):
@@ -98,7 +103,7 @@ def _input(a, what):
 
 def _allocate(code, shape):
     out = _np.empty(shape, dtype=_CFX_TO_NP[code])
-    return out, out.__array_interface__["data"][0], out.nbytes
+    return out, _address(out), out.nbytes
 
 
 def shared_array(shape, dtype=_np.float32):
@@ -117,11 +122,11 @@ def shared_array(shape, dtype=_np.float32):
 def _output_like(a):
     """An out-of-place result for input `a` and its address: in shared tensor memory when `a` is
     (so the batch can still take the direct path), else an ordinary array."""
-    if _capi.cfx_is_shared(a.__array_interface__["data"][0], a.nbytes):
+    if _capi.cfx_is_shared(_address(a), a.nbytes):
         out = shared_array(a.shape, a.dtype)
     else:
         out = _np.empty_like(a, order="C")
-    return out, out.__array_interface__["data"][0]
+    return out, _address(out)
 
 
 def _copy(a, what):

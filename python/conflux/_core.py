@@ -8,6 +8,7 @@ completes, and a function that turns the completed handle into the result. Share
 (cfx_alloc) is handed out here too, as numpy arrays that keep the block alive.
 """
 import atexit
+import contextlib
 import operator
 import threading
 
@@ -50,7 +51,7 @@ DtypeError.__module__ = "conflux"
 # The public names of _core that conflux and conflux.torch export (besides the errors).
 BASE_NAMES = (
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
-    "cross_size", "version", "features", "start_timeline", "stop_timeline",
+    "cross_size", "version", "features", "start_timeline", "stop_timeline", "timeline",
     "Sum", "Average", "Min", "Max", "Product",
 )
 
@@ -243,6 +244,21 @@ def stop_timeline():
     _capi.cfx_timeline_stop(current().ptr)
 
 
+@contextlib.contextmanager
+def timeline(file_path, mark_cycles=False):
+    """A context manager: start_timeline(file_path, mark_cycles) on entry, stop_timeline() on exit,
+    also when the body raises, so the file is complete whatever happens inside.
+
+        with conflux.timeline("trace/step.json"):
+            train_one_epoch()
+    """
+    start_timeline(file_path, mark_cycles)
+    try:
+        yield
+    finally:
+        stop_timeline()
+
+
 # ---- handles ----
 def _reap_orphans():
     if not _orphans:
@@ -377,6 +393,29 @@ class Handle:
             _capi.cfx_handle_release(self._ctx.ptr, self._id)
         except Exception:
             pass
+
+
+data_address = _native.cfx_py_data_address
+
+
+def fast_context():
+    """current() for the fast path of lone collectives (conflux._ops): the live context, after
+    the handles parked while pending were reaped."""
+    ctx = _ctx
+    if ctx is None or ctx.ptr is None:
+        raise NotInitializedError("Conflux has not been initialized; use conflux.init().")
+    if _orphans:
+        _reap_orphans()
+    return ctx
+
+
+def _park(ctx, hid, keep):
+    """Takes a blocking call's handle left pending (a signal interrupted its wait) with what the
+    engine still borrows, as a Handle dropped while pending is."""
+    _orphans.append((ctx, hid, keep))
+
+
+_native.cfx_py_fast_init(_park)
 
 
 def submit(fn, args, keep, finish, op, name=None):

@@ -149,6 +149,46 @@ _ASYNC_INPLACE = {
                   lambda h: list(xs), WHAT, name)
 """,
 }
+# The fast path (conflux._capi_native.cfx_py_run / cfx_py_submit: one call into C, which submits
+# and, blocking, waits with the GIL released and releases the handle) for the lone allreduce and
+# broadcast started through _core.submit. {fast} is the request's three values after the output
+# address. The context comes last in the call, so bad arguments are reported before a missing
+# init(), as through submit.
+_FAST_KIND = {"allreduce": _capi._capi_native.CFX_PY_ALLREDUCE,
+              "broadcast": _capi._capi_native.CFX_PY_BROADCAST}
+_FAST = {
+    LIKE: """\
+    t = input({x}, WHAT)
+    out, address = output_like(t)
+    run(KIND, check_name(name), describe(t), address{fast}, context(), (t, out))
+    return out
+""",
+    COPY: """\
+    t = copy({x}, WHAT)
+    run(KIND, check_name(name), describe(inplace(t, WHAT)), None{fast}, context(), t)
+    return t
+""",
+}
+_FAST_INPLACE = """\
+    t = inplace({x}, WHAT)
+    run(KIND, check_name(name), describe(t), None{fast}, context(), t)
+    return {x}
+"""
+_FAST_ASYNC = {
+    LIKE: """\
+    t = input({x}, WHAT)
+    out, address = output_like(t)
+    ctx = context()
+    return Handle(ctx, start(KIND, check_name(name), describe(t), address{fast}, ctx), (t, out),
+                  lambda h: out, WHAT, name)
+""",
+}
+_FAST_ASYNC_INPLACE = """\
+    t = inplace({x}, WHAT)
+    ctx = context()
+    return Handle(ctx, start(KIND, check_name(name), describe(t), None{fast}, ctx), t,
+                  lambda h: {x}, WHAT, name)
+"""
 _DIFFERENTIABLE = """\
     if differentiable({x}, WHAT):
         return AUTOGRAD.apply({x}, {params})
@@ -162,15 +202,17 @@ def _blocking(body):
     return (head + "\n    return wait(" + last.rstrip("\n") + ")\n")[1:]
 
 
-def _functions(op, adapter):
-    """{public name: body template} of op's functions."""
+def _functions(op, adapter, fast):
+    """{public name: body template} of op's functions; `fast`: the fast path's where it has them."""
+    fast = fast and not op.grouped and op.name in _FAST_KIND
     body = _ASYNC[op.result, op.grouped]
-    out = {op.name + "_async": body,
-           op.name: (_DIFFERENTIABLE if op.name in adapter.autograd else "") + _blocking(body)}
+    blocking = _FAST[op.result] if fast else _blocking(body)
+    out = {op.name + "_async": _FAST_ASYNC.get(op.result, body) if fast else body,
+           op.name: (_DIFFERENTIABLE if op.name in adapter.autograd else "") + blocking}
     if op.inplace:
         body = _ASYNC_INPLACE[op.grouped]
-        out[op.name + "_async_"] = body
-        out[op.name + "_"] = _blocking(body)
+        out[op.name + "_async_"] = _FAST_ASYNC_INPLACE if fast else body
+        out[op.name + "_"] = _FAST_INPLACE if fast else _blocking(body)
     return out
 
 
@@ -178,6 +220,9 @@ def _namespace(op, adapter, module, submit):
     """The globals of op's functions."""
     ns = dict(adapter._asdict(), __name__=module, ENTRY=getattr(_capi, op.entry), WHAT=op.name,
               AUTOGRAD=adapter.autograd.get(op.name), submit=submit, wait=_core.Handle.wait,
+              KIND=_FAST_KIND.get(op.name), run=_capi._capi_native.cfx_py_run,
+              start=_capi._capi_native.cfx_py_submit, context=_core.fast_context,
+              Handle=_core.Handle,
               check_name=_core.check_name, check_op=_core.check_op, check_root=_core.check_root,
               check_splits=_core.check_splits, check_scale=_core.check_scale)
     ns.update(("DEFAULT_" + p, PARAMS[p][0]) for p in op.params)
@@ -191,14 +236,15 @@ def install(module_globals, adapter, docs, submit=_core.submit):
     module = module_globals["__name__"]
     for op in OPS:
         x = adapter.nouns[op.grouped]
+        abi = [", " + PARAMS[p][1].format(p) for p in op.params if PARAMS[p][1]]
         fields = dict(
             x=x, base=op.name, params=", ".join(op.params),
-            none=", None" if op.result == LIKE else "",
-            abi="".join(", " + PARAMS[p][1].format(p) for p in op.params if PARAMS[p][1]))
+            none=", None" if op.result == LIKE else "", abi="".join(abi),
+            fast="".join(abi + [", 0.0"] * (3 - len(abi))))
         signature = ", ".join([x] + [p if PARAMS[p][0] is REQUIRED else "%s=DEFAULT_%s" % (p, p)
                                      for p in op.params])
         sources = {name: "def %s(%s):\n%s" % (name, signature, body.format(**fields))
-                   for name, body in _functions(op, adapter).items()}
+                   for name, body in _functions(op, adapter, submit is _core.submit).items()}
         ns = _namespace(op, adapter, module, submit)
         clash = (set(op.params) | {x}) & set(ns)
         if clash:  # a parameter would hide the helper of that name from the body

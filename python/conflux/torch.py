@@ -24,7 +24,7 @@ from . import _ops
 from ._core import (  # noqa: F401  (re-exported API)
     Average, Handle, Max, Min, Product, Sum,
     cross_rank, cross_size, features, init, is_initialized, local_rank, local_size, rank,
-    shutdown, size, version, start_timeline, stop_timeline,
+    shutdown, size, version, start_timeline, stop_timeline, timeline,
     ConfluxError, InvalidArgumentError, NotInitializedError, ShutDownError, DuplicateNameError,
     MismatchError, UnsupportedError, OutOfMemoryError, TransportError, WaitTimeoutError,
     InProgressError, StaleHandleError, StallError, PeerLostError, ConfigError, VersionError,
@@ -63,21 +63,25 @@ def _check_dtype(dtype):
     return _TORCH_TO_CFX[dtype]
 
 
+_Tensor, _strided = torch.Tensor, torch.strided
+
+
 def _check_tensor(t, what):
-    if not isinstance(t, torch.Tensor):
+    if not isinstance(t, _Tensor):
         raise TypeError("%s needs a torch.Tensor, not %s" % (what, type(t).__name__))
-    if t.layout != torch.strided:
+    if t.layout != _strided:
         raise TypeError("%s needs a dense (strided) tensor, not %s" % (what, t.layout))
-    _check_dtype(t.dtype)
+    if t.dtype not in _TORCH_TO_CFX:
+        _check_dtype(t.dtype)
 
 
 def _describe(t):
     """The ABI's view of a contiguous tensor: its own memory (zero copy). A CUDA tensor also
     carries its device index and the current stream of that device (the producer's stream: Conflux
     orders its reads after the work queued there, and that stream after Conflux's writes)."""
-    if t.device.type == "cpu":
-        return (t.data_ptr(), _TORCH_TO_CFX[t.dtype], tuple(t.shape))
-    if t.device.type == "cuda":
+    if t.is_cpu:  # (t.device makes a new object on every call)
+        return (t.data_ptr(), _TORCH_TO_CFX[t.dtype], t.shape)
+    if t.is_cuda:
         stream = torch.cuda.current_stream(t.device).cuda_stream
         return (t.data_ptr(), _TORCH_TO_CFX[t.dtype], tuple(t.shape), t.device.index, stream)
     raise TypeError("Conflux supports CPU and CUDA tensors, not device %s" % t.device)
@@ -87,13 +91,13 @@ def _inplace(t, what):
     _check_tensor(t, what)
     if not t.is_contiguous():
         raise ValueError("Tensor is required to be contiguous for in-place %s." % what)
-    return t.detach()  # same storage; no autograd bookkeeping for the raw write
+    return t  # the ABI writes its memory through data_ptr(): autograd never sees the write
 
 
 def _input(t, what):
     _check_tensor(t, what)
-    t = t.detach()
-    return t if t.is_contiguous() else t.contiguous()
+    # Read through data_ptr() only; a copy is made detached (no autograd node for it).
+    return t if t.is_contiguous() else t.detach().contiguous()
 
 
 def _allocate_host(code, shape):
@@ -132,7 +136,7 @@ def _output_like(t):
     """An out-of-place result for the contiguous tensor `t` and its address: in shared tensor
     memory when `t` is (so the batch can still take the direct path), else an ordinary tensor on
     t's device."""
-    if t.device.type == "cpu" and _capi.cfx_is_shared(t.data_ptr(), t.numel() * t.element_size()):
+    if t.is_cpu and _capi.cfx_is_shared(t.data_ptr(), t.numel() * t.element_size()):
         out = shared_empty(tuple(t.shape), dtype=t.dtype)
     else:
         out = torch.empty_like(t, memory_format=torch.contiguous_format)

@@ -204,6 +204,8 @@ def test_cuda_tensor_crosses_the_abi_with_device_and_stream(monkeypatch):
     from conflux import _core
 
     class FakeCudaTensor:  # what _describe reads of a torch.Tensor on cuda:1
+        is_cpu = False
+        is_cuda = True
         device = torch.device("cuda", 1)
         dtype = torch.float32
         shape = torch.Size([2, 3])
