@@ -214,7 +214,8 @@ double mt_value(cfx_dtype dt, cfx_reduce_op op, int r, int t, size_t i)
         return (r * 5 + t + k * 7) % 4 == 0 ? 0 : (k % 2 ? 1 : 2);
     switch (op) {
     case CFX_OP_SUM:
-    case CFX_OP_AVERAGE: {
+    case CFX_OP_AVERAGE:
+    case CFX_OP_ADASUM: {
         long v = (r * 7 + t * 3 + k * 5) % 11; /* |sum| <= 40 */
         return (double)(sgn ? v - 5 : v);
     }

@@ -122,10 +122,14 @@ typedef enum cfx_reduce_op {
     CFX_OP_AVERAGE = 1, /* sum, then postscale / size (see docs/c-api.md for integers and join) */
     CFX_OP_MIN = 2,
     CFX_OP_MAX = 3,
-    CFX_OP_PRODUCT = 4
+    CFX_OP_PRODUCT = 4,
+    /* Adaptive summation (since 1.1): pairs of vectors combine as
+     * (1 - a.b / 2|a|^2) a + (1 - a.b / 2|b|^2) b, per tensor; float16, bfloat16, float32 and
+     * float64 host tensors, allreduce only (see docs/c-api.md) */
+    CFX_OP_ADASUM = 5
 } cfx_reduce_op;
 
-#define CFX_OP_COUNT 5
+#define CFX_OP_COUNT 6
 
 /* "sum", "average", ...; "unknown" for a value out of range. */
 CFX_API const char *cfx_op_name(cfx_reduce_op op);

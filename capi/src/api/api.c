@@ -11,6 +11,7 @@
 #include "base/config.h"
 #include "engine/context.h"
 #include "base/dtype.h"
+#include "kernels/dot.h"
 #include "base/error.h"
 #include "protocol/queue.h"
 #include "exec/shared_pool.h"
@@ -243,6 +244,21 @@ static cfx_status check_reduction(const char *fn, const char *what, const cfx_te
     return CFX_OK;
 }
 
+/* Adasum (exec/adasum.h): float host tensors, allreduce only. */
+static cfx_status check_adasum(const char *fn, const char *what, const cfx_tensor *t, int coll)
+{
+    if (coll != CX_ALLREDUCE)
+        return cx_fail(CFX_ERR_UNSUPPORTED, "%s: %s: Adasum is an allreduce op (use sum or average "
+                       "here)", fn, what);
+    if (!cx_dot_dtype_ok((cfx_dtype)t->dtype))
+        return cx_fail(CFX_ERR_UNSUPPORTED, "%s: %s: Adasum reduces float16, bfloat16, float32 and "
+                       "float64 tensors, not %s", fn, what, cfx_dtype_name((cfx_dtype)t->dtype));
+    if (t->device != CFX_DEVICE_CPU)
+        return cx_fail(CFX_ERR_UNSUPPORTED, "%s: %s: Adasum reduces host tensors only (this one "
+                       "is on CUDA device %d)", fn, what, t->device);
+    return CFX_OK;
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -436,6 +452,8 @@ static cfx_status check_group_tensor(cfx_context *ctx, const group_args *a, cons
     cfx_status st = check_tensor(ctx, a->fn, what, t, bytes);
     if (!st && (a->coll == CX_ALLREDUCE || a->coll == CX_REDUCESCATTER))
         st = check_reduction(a->fn, what, t, a->op, a->prescale, a->postscale);
+    if (!st && a->op == CFX_OP_ADASUM && (a->coll == CX_ALLREDUCE || a->coll == CX_REDUCESCATTER))
+        st = check_adasum(a->fn, what, t, a->coll);
     if (!st && a->coll != CX_ALLREDUCE && t->ndim == 0)
         st = cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: %s: a scalar (ndim 0) has no first "
                      "dimension to %s along", a->fn, what,

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "base/dtype.h"
+#include "kernels/dot.h"
 #include "base/error.h"
 #include "base/strmap.h"
 #include "engine/context.h"
@@ -160,6 +161,12 @@ cfx_status cfx_gradset_add(cfx_gradset *set, const char *name, const cfx_tensor 
     if (grad->device < CFX_DEVICE_CPU)
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: gradient '%s': device %d", fn, name,
                        grad->device);
+    if (set->op == CFX_OP_ADASUM && (!cx_dot_dtype_ok((cfx_dtype)grad->dtype) ||
+                                     grad->device != CFX_DEVICE_CPU))
+        return cx_fail(CFX_ERR_UNSUPPORTED, "%s: gradient '%s': Adasum reduces float16, bfloat16, "
+                       "float32 and float64 host tensors, not %s%s", fn, name,
+                       cfx_dtype_name((cfx_dtype)grad->dtype),
+                       grad->device != CFX_DEVICE_CPU ? " on a CUDA device" : "");
     if (set->owned && grad->device != CFX_DEVICE_CPU)
         return cx_fail(CFX_ERR_UNSUPPORTED, "%s: gradient '%s' is on CUDA device %d: owned storage "
                        "is host memory; register device gradients in a set with owned = 0", fn,
@@ -452,8 +459,10 @@ static cfx_status plan(cfx_gradset *s, const reg_grad *order, uint32_t count)
         cur->ngrads++;
     }
     s->nbuckets = nb;
-    /* Items: owned, one per bucket (its block is one segment); borrowed, one per gradient. */
-    s->nitems = s->owned ? (size_t)nb : count;
+    /* Items: owned, one per bucket (its block is one segment); borrowed, one per gradient; and
+     * one per gradient for Adasum, whose dot products are per gradient (exec/adasum.h). */
+    bool per_grad = !s->owned || s->op == CFX_OP_ADASUM;
+    s->nitems = per_grad ? count : (size_t)nb;
     size_t ni = s->nitems ? s->nitems : 1;
     s->items = calloc(ni, sizeof *s->items);
     s->entries = calloc(ni, sizeof *s->entries);
@@ -491,7 +500,7 @@ static cfx_status plan(cfx_gradset *s, const reg_grad *order, uint32_t count)
             cx_grad *g = canon[k];
             if (s->owned)
                 g->data = (char *)bk->data + g->offset;
-            if (!s->owned) { /* one item per gradient: its own memory */
+            if (per_grad) { /* one item per gradient: its own memory */
                 cx_response *it = &s->items[item];
                 it->name = bname;
                 it->coll = CX_ALLREDUCE;
@@ -507,7 +516,7 @@ static cfx_status plan(cfx_gradset *s, const reg_grad *order, uint32_t count)
                 item++;
             }
         }
-        if (s->owned) {
+        if (!per_grad) {
             cx_response *it = &s->items[item];
             it->name = bname;
             it->coll = CX_ALLREDUCE;

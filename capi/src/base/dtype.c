@@ -5,7 +5,8 @@ static const char *const dtype_names[CFX_DTYPE_COUNT] = {
     "uint8", "int8", "uint16", "int16", "int32", "int64",
     "float16", "bfloat16", "float32", "float64", "bool"};
 static const size_t dtype_sizes[CFX_DTYPE_COUNT] = {1, 1, 2, 2, 4, 8, 2, 2, 4, 8, 1};
-static const char *const op_names[CFX_OP_COUNT] = {"sum", "average", "min", "max", "product"};
+static const char *const op_names[CFX_OP_COUNT] = {"sum", "average", "min", "max", "product",
+                                                     "adasum"};
 static const char *const coll_names[CX_COLL_COUNT] = {
     "allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join"};
 

@@ -9,6 +9,7 @@
 #include "base/error.h"
 #include "protocol/fusion.h"
 #include "kernels/reduce.h"
+#include "exec/adasum.h"
 #include "exec/shm.h"
 #include "observe/timeline.h"
 
@@ -170,6 +171,8 @@ void cx_exec_destroy(cx_exec *x)
     if (x->device && x->device_ops) /* normally done already by the background thread (loop.c) */
         x->device_ops->destroy(x->device);
     x->device = NULL;
+    cx_adasum_free(x->adasum);
+    x->adasum = NULL;
     free(x->fusion);
     free(x->scratch);
     x->fusion = x->scratch = NULL;
@@ -372,6 +375,17 @@ cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_allreduce_batch *b, doubl
     const char *name = items[0].name;
     if (b->local) /* failed before it started: only the agreement */
         return cx_exec_agree(x, b->local, CX_AGREE_READY, name, NULL);
+    if (op == CFX_OP_ADASUM) { /* its own data path (adasum.h); across hosts after a host average */
+        cx_shm *host = x->shm && x->hierarchical && use_shm(x) ? x->shm : NULL;
+        cfx_status st = cx_exec_agree(x, cx_adasum_reserve(&x->adasum, items, entries, n, dtype),
+                                      CX_AGREE_READY, name, NULL);
+        TL_STAMP(tl, 1);
+        if (!st)
+            st = cx_adasum_allreduce(x->adasum, x->transport, host, items, entries, n, dtype, pre,
+                                     post);
+        TL_STAMP(tl, 2);
+        return st;
+    }
     cfx_status st = CFX_OK;
     if (use_shm(x)) {
         /* Straight from the tensors into shared memory and back: no fusion buffer. */

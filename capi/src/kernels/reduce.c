@@ -241,6 +241,7 @@ static int op_slot(cfx_reduce_op op)
     case CFX_OP_MIN: return CX_SLOT_MIN;
     case CFX_OP_MAX: return CX_SLOT_MAX;
     case CFX_OP_PRODUCT: return CX_SLOT_PROD;
+    case CFX_OP_ADASUM: break; /* not elementwise: exec/adasum.c */
     }
     return -1;
 }
@@ -430,7 +431,7 @@ void cx_scale_copy(void *dst, const void *src, size_t count, cfx_dtype dtype, do
 
 void cx_fill_identity(void *buf, size_t count, cfx_dtype dtype, cfx_reduce_op op)
 {
-    int s = op_slot(op);
+    int s = op == CFX_OP_ADASUM ? CX_SLOT_SUM : op_slot(op); /* Adasum's identity: zeros */
     if (count == 0 || s < 0)
         return;
     switch (dtype) {

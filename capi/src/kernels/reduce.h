@@ -37,7 +37,8 @@ void cx_scale(void *buf, size_t count, cfx_dtype dtype, double factor);
 void cx_scale_copy(void *dst, const void *src, size_t count, cfx_dtype dtype, double factor);
 
 /* buf[i] = the identity of op for dtype (0 for sum/average, 1 for product, the type's largest value
- * (+inf for floats) for min, its smallest (-inf) for max; bool: 0 for sum/max, 1 for min/product). */
+ * (+inf for floats) for min, its smallest (-inf) for max; bool: 0 for sum/max, 1 for min/product;
+ * 0 for adasum, whose kernels are not here: exec/adasum.c). */
 void cx_fill_identity(void *buf, size_t count, cfx_dtype dtype, cfx_reduce_op op);
 
 float cx_f16_to_f32(uint16_t h);

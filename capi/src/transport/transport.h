@@ -23,6 +23,10 @@
 
 typedef struct cx_transport cx_transport;
 
+/* The ranks a point-to-point call names: the job's (rank), this host's (local_rank), or those with
+ * this rank's local rank, one per host (cross_rank). */
+typedef enum cx_group { CX_GROUP_WORLD = 0, CX_GROUP_LOCAL = 1, CX_GROUP_CROSS = 2 } cx_group;
+
 typedef struct cx_transport_ops {
     const char *name; /* "mpi", "local" */
 
@@ -66,6 +70,14 @@ typedef struct cx_transport_ops {
      * same order of splits everywhere. Made on a user thread while the background thread uses t,
      * so it must not use t's own channel. NULL in transports that cannot split. */
     cfx_status (*split)(cx_transport *t, const int *ranks, size_t n, cx_transport **out);
+
+    /* -- point to point (host memory) -- */
+    /* Sends send_bytes from `send` to rank `to` of `group` and receives recv_bytes into `recv`
+     * from rank `from`, both under way at once, so two ranks may exchange with each other
+     * (to < 0: nothing is sent; from < 0: nothing received). The peer's matching call names the
+     * same byte count; messages between two ranks arrive in the order they were sent. */
+    cfx_status (*sendrecv)(cx_transport *t, cx_group group, const void *send, size_t send_bytes,
+                           int to, void *recv, size_t recv_bytes, int from);
 
     /* Frees the transport (collective: every rank calls it, in the same place of the order). */
     void (*destroy)(cx_transport *t);

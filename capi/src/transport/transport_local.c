@@ -16,9 +16,20 @@ typedef struct local_slot {
     const size_t *a, *b; /* per-rank byte counts / displacements, as the op needs */
 } local_slot;
 
+/* One direction of point to point between two ranks (local_sendrecv): the sender posts its buffer
+ * and waits until the receiver has copied it. */
+typedef struct local_mail {
+    const void *data;
+    size_t len;
+    int state; /* 0 empty, 1 posted, 2 being copied */
+} local_mail;
+
 struct cx_local_world {
     int size;
     atomic_int refs;
+    local_mail *mail;  /* [from * size + to], guarded by mail_mu */
+    pthread_mutex_t mail_mu;
+    pthread_cond_t mail_cv;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int arrived;
@@ -49,7 +60,10 @@ cfx_status cx_local_world_create(int size, cx_local_world **out)
     if (size < 1)
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "a local world needs at least one rank, not %d", size);
     cx_local_world *w = calloc(1, sizeof *w);
-    if (!w || !(w->slots = calloc((size_t)size, sizeof *w->slots))) {
+    if (!w || !(w->slots = calloc((size_t)size, sizeof *w->slots)) ||
+        !(w->mail = calloc((size_t)size * (size_t)size, sizeof *w->mail))) {
+        if (w)
+            free(w->slots);
         free(w);
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for a local world of %d ranks", size);
     }
@@ -57,6 +71,8 @@ cfx_status cx_local_world_create(int size, cx_local_world **out)
     atomic_init(&w->refs, 1);
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
+    pthread_mutex_init(&w->mail_mu, NULL);
+    pthread_cond_init(&w->mail_cv, NULL);
     *out = w;
     return CFX_OK;
 }
@@ -67,6 +83,9 @@ void cx_local_world_release(cx_local_world *w)
         return;
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
+    pthread_mutex_destroy(&w->mail_mu);
+    pthread_cond_destroy(&w->mail_cv);
+    free(w->mail);
     free(w->slots);
     free(w);
 }
@@ -271,6 +290,59 @@ static cfx_status local_barrier(cx_transport *t)
     return CFX_OK;
 }
 
+/* One host and one rank per cross group: local ranks are the job's ranks, cross rank 0 is this
+ * rank. The copy is made by the receiver, outside the lock, while the sender waits. */
+static cfx_status local_sendrecv(cx_transport *t, cx_group group, const void *send,
+                                 size_t send_bytes, int to, void *recv, size_t recv_bytes, int from)
+{
+    cx_local_world *w = world_of(t);
+    int me = t->rank, n = w->size;
+    if (group == CX_GROUP_CROSS) {
+        to = to < 0 ? -1 : to == 0 ? me : n;
+        from = from < 0 ? -1 : from == 0 ? me : n;
+    }
+    if (to >= n || from >= n)
+        return cx_fail(CFX_ERR_INTERNAL, "sendrecv: rank %d is outside the local world of %d",
+                       to >= n ? to : from, n);
+    if (to == me && from == me) {
+        if (send_bytes != recv_bytes)
+            return cx_fail(CFX_ERR_INTERNAL, "sendrecv: rank %d sends itself %zu bytes, %zu "
+                           "expected", me, send_bytes, recv_bytes);
+        memmove(recv, send, send_bytes);
+        return CFX_OK;
+    }
+    cfx_status st = CFX_OK;
+    local_mail *out = to >= 0 ? &w->mail[(size_t)me * (size_t)n + (size_t)to] : NULL;
+    local_mail *in = from >= 0 ? &w->mail[(size_t)from * (size_t)n + (size_t)me] : NULL;
+    pthread_mutex_lock(&w->mail_mu);
+    if (out) {
+        while (out->state != 0)
+            pthread_cond_wait(&w->mail_cv, &w->mail_mu);
+        out->data = send;
+        out->len = send_bytes;
+        out->state = 1;
+        pthread_cond_broadcast(&w->mail_cv);
+    }
+    if (in) {
+        while (in->state != 1)
+            pthread_cond_wait(&w->mail_cv, &w->mail_mu);
+        in->state = 2;
+        pthread_mutex_unlock(&w->mail_mu);
+        if (in->len != recv_bytes)
+            st = cx_fail(CFX_ERR_INTERNAL, "sendrecv: rank %d sent %zu bytes to rank %d, %zu "
+                         "expected", from, in->len, me, recv_bytes);
+        else if (recv_bytes)
+            memcpy(recv, in->data, recv_bytes);
+        pthread_mutex_lock(&w->mail_mu);
+        in->state = 0;
+        pthread_cond_broadcast(&w->mail_cv);
+    }
+    while (out && out->state != 0) /* taken: the sender's buffer may be reused */
+        pthread_cond_wait(&w->mail_cv, &w->mail_mu);
+    pthread_mutex_unlock(&w->mail_mu);
+    return st;
+}
+
 static void local_destroy(cx_transport *t)
 {
     free(((local_transport *)t)->acc);
@@ -325,6 +397,7 @@ static const cx_transport_ops local_ops = {
     .bcast_bytes = local_bcast_bytes,
     .allreduce_and = local_allreduce_and,
     .allreduce = local_allreduce,
+    .sendrecv = local_sendrecv,
     .allgatherv = local_allgatherv,
     .broadcast = local_broadcast,
     .alltoallv = local_alltoallv,

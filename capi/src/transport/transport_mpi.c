@@ -91,7 +91,8 @@ static void init_mpi_once(void)
         {bf16_sum, bf16_sum, bf16_min, bf16_max, bf16_prod}};
     for (int d = 0; d < 2; d++)
         for (int o = 0; o < CFX_OP_COUNT; o++)
-            MPI_Op_create(fns[d][o], 1, &half_ops[d][o]);
+            if (fns[d][o]) /* none for Adasum: exec/adasum.c runs it over sendrecv */
+                MPI_Op_create(fns[d][o], 1, &half_ops[d][o]);
 }
 
 static cfx_status mpi_error(int rc, const char *what)
@@ -271,6 +272,7 @@ static MPI_Op mpi_op(cfx_dtype dtype, cfx_reduce_op op)
     case CFX_OP_MIN: return MPI_MIN;
     case CFX_OP_MAX: return MPI_MAX;
     case CFX_OP_PRODUCT: return MPI_PROD;
+    case CFX_OP_ADASUM: break; /* not an MPI reduction: exec/adasum.c */
     }
     return MPI_OP_NULL;
 }
@@ -399,6 +401,42 @@ static cfx_status mpi_cross_allreduce(cx_transport *t, void *buf, size_t count, 
                       "MPI_Allreduce (cross-host)");
 }
 
+/* Point to point on the job's, the host's or the cross-host communicator, in pieces below
+ * INT_MAX bytes (both sides cut a direction's bytes alike, and MPI keeps a pair's order). */
+#define SENDRECV_TAG 0x5ada
+static cfx_status mpi_sendrecv(cx_transport *t, cx_group group, const void *send, size_t send_bytes,
+                               int to, void *recv, size_t recv_bytes, int from)
+{
+    mpi_transport *m = (mpi_transport *)t;
+    MPI_Comm comm = group == CX_GROUP_LOCAL ? m->local : group == CX_GROUP_CROSS ? m->cross : m->comm;
+    const size_t piece = (size_t)1 << 30;
+    size_t sb = to < 0 ? 0 : send_bytes, rb = from < 0 ? 0 : recv_bytes;
+    cfx_status st = CFX_OK;
+    for (size_t off = 0; !st && (off < sb || off < rb); off += piece) {
+        MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+        int rc = MPI_SUCCESS;
+        if (off < rb)
+            rc = MPI_Irecv((char *)recv + off, (int)(rb - off < piece ? rb - off : piece), MPI_BYTE,
+                           from, SENDRECV_TAG, comm, &req[0]);
+        if (rc == MPI_SUCCESS && off < sb)
+            rc = MPI_Isend((const char *)send + off, (int)(sb - off < piece ? sb - off : piece),
+                           MPI_BYTE, to, SENDRECV_TAG, comm, &req[1]);
+        if (rc != MPI_SUCCESS) { /* nothing was sent: a posted receive is taken back */
+            if (req[0] != MPI_REQUEST_NULL) {
+                MPI_Cancel(&req[0]);
+                MPI_Wait(&req[0], MPI_STATUS_IGNORE);
+            }
+            return mpi_error(rc, off < sb ? "MPI_Isend" : "MPI_Irecv");
+        }
+        for (int i = 0; i < 2; i++) /* both are waited for, even after a failure */
+            if (req[i] != MPI_REQUEST_NULL) {
+                cfx_status w = wait_request(&req[i], i ? "MPI_Isend" : "MPI_Irecv");
+                st = st ? st : w;
+            }
+    }
+    return st;
+}
+
 static void mpi_destroy(cx_transport *t)
 {
     mpi_transport *m = (mpi_transport *)t;
@@ -447,6 +485,7 @@ static const cx_transport_ops mpi_ops = {
     .reduce_scatter = mpi_reduce_scatter,
     .barrier = mpi_barrier,
     .cross_allreduce = mpi_cross_allreduce,
+    .sendrecv = mpi_sendrecv,
     .split = mpi_split,
     .destroy = mpi_destroy,
 };
