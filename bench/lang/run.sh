@@ -1,9 +1,9 @@
 #!/bin/sh
 # bench/lang/run.sh [BUILD_DIR] [ROUNDS] [ITERS]: per-call overhead of a 1-element float32 allreduce
-# (enqueue + wait) from C, Java and Lua, in one run at 2 ranks. Each Java and Lua process also times
+# (enqueue + wait) from C, Java, Lua and Python (when BUILD_DIR/python is built), in one run at 2 ranks. Each Java and Lua process also times
 # the same call made from C in that process, interleaved in blocks with its own calls, so that the
 # comparison holds under whatever load the machine has; the standalone C program is the process-level
-# reference. ROUNDS rounds of C, Java, Lua in turn; ITERS timed calls per path and round.
+# reference. ROUNDS rounds of C, Java, Lua, Python in turn; ITERS timed calls per path and round.
 # Prints each round's rank-0 medians (us) and, at the end, the median over rounds per path.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
@@ -26,6 +26,12 @@ while [ "$r" -le "$rounds" ]; do
   $mpi "$tmp/overhead_c" "$iters" "$warm" | tee -a "$tmp/all"
   $mpi java -XX:+UseSerialGC -cp "$build/java/conflux.jar" "$here/Overhead.java" "$iters" 10 | tee -a "$tmp/all"
   $mpi lua5.4 "$here/overhead.lua" "$iters" 10 | tee -a "$tmp/all"
+  if [ -d "$build/python/conflux" ]; then
+    PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" $mpi /usr/bin/python3 "$here/overhead.py" "$iters" 10 |
+      tee -a "$tmp/all"
+  elif [ "$r" -eq 1 ]; then
+    echo "run.sh: no Python rows ($build/python/conflux is not built)"
+  fi
   r=$((r + 1))
 done
 echo "--- 1-element allreduce, np 2: median over $rounds rounds of each round's median and p10 (us);"
@@ -41,9 +47,14 @@ awk 'function med(list,   a, m, x, y, t) {
        base["c"] = "c"; base["c-in-java"] = "c"; base["c-in-lua"] = "c"
        base["java-array"] = "c-in-java"; base["java-buffer"] = "c-in-java"
        base["lua-array"] = "c-in-lua"; base["lua-table"] = "c-in-lua"
+       if ("c-in-python" in v) {
+         split("c-in-python py-numpy py-torch py-torch-new py-torch-async py-horovod", pk, " ")
+         base["c-in-python"] = "c"
+         for (i = 1; i <= 6; i++) if (pk[i] in v) { k[++n] = pk[i]; if (i > 1) base[pk[i]] = "c-in-python" }
+       }
        for (i = 1; i <= n; i++) { m[k[i]] = med(v[k[i]]); q[k[i]] = med(p[k[i]]) }
-       printf "%-12s %10s %10s %12s %12s\n", "path", "median", "p10", "median-base", "p10-base"
+       printf "%-14s %10s %10s %12s %12s\n", "path", "median", "p10", "median-base", "p10-base"
        for (i = 1; i <= n; i++)
-         printf "%-12s %10.2f %10.2f %+12.2f %+12.2f  (base %s)\n", k[i], m[k[i]], q[k[i]],
+         printf "%-14s %10.2f %10.2f %+12.2f %+12.2f  (base %s)\n", k[i], m[k[i]], q[k[i]],
                 m[k[i]] - m[base[k[i]]], q[k[i]] - q[base[k[i]]], base[k[i]]
      }' "$tmp/all"
