@@ -52,7 +52,7 @@ DtypeError.__module__ = "conflux"
 BASE_NAMES = (
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
     "cross_size", "version", "features", "start_timeline", "stop_timeline", "timeline",
-    "Sum", "Average", "Min", "Max", "Product",
+    "Sum", "Average", "Min", "Max", "Product", "Adasum",
 )
 
 ERROR_NAMES = (
@@ -69,12 +69,14 @@ Average = _capi.CFX_OP_AVERAGE
 Min = _capi.CFX_OP_MIN
 Max = _capi.CFX_OP_MAX
 Product = _capi.CFX_OP_PRODUCT
-_OPS = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product"}
+Adasum = _capi.CFX_OP_ADASUM  # adaptive summation: float tensors on the CPU, allreduce only
+_OPS = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product",
+        Adasum: "Adasum"}
 
 
 def check_op(op):
     if isinstance(op, bool) or op not in _OPS:
-        raise ValueError("unknown reduction op %r; use Sum, Average, Min, Max or Product" % (op,))
+        raise ValueError("unknown reduction op %r; use Sum, Average, Min, Max, Product or Adasum" % (op,))
     return int(op)
 
 

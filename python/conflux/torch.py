@@ -22,7 +22,7 @@ from . import _capi
 from . import _core
 from . import _ops
 from ._core import (  # noqa: F401  (re-exported API)
-    Average, Handle, Max, Min, Product, Sum,
+    Adasum, Average, Handle, Max, Min, Product, Sum,
     cross_rank, cross_size, features, init, is_initialized, local_rank, local_size, rank,
     shutdown, size, version, start_timeline, stop_timeline, timeline,
     ConfluxError, InvalidArgumentError, NotInitializedError, ShutDownError, DuplicateNameError,

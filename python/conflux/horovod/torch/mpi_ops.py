@@ -29,7 +29,7 @@ Sum = _core.Sum
 Min = _core.Min
 Max = _core.Max
 Product = _core.Product
-Adasum = 1000  # accepted as a name; using it raises NotImplementedError
+Adasum = _core.Adasum  # any number of ranks (Horovod's CPU Adasum needs a power of two)
 
 
 def _resolve_op(op, average):
@@ -42,8 +42,6 @@ def _resolve_op(op, average):
         op = Average if average else Sum
     else:
         op = Average
-    if op == Adasum:
-        raise NotImplementedError("Adasum reduction (op=hvd.Adasum) is not supported by Conflux yet")
     return op
 
 
