@@ -78,6 +78,8 @@ run() {
 }
 
 case $rounds in ''|*[!0-9]*|0) echo "bench/hosts.sh: --rounds needs a positive integer" >&2; exit 2 ;; esac
+load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+started=$(date -u '+%Y-%m-%d %H:%M UTC')
 r=1
 while [ $r -le "$rounds" ]; do
     run hier$r hierarchical --
@@ -85,11 +87,14 @@ while [ $r -le "$rounds" ]; do
     r=$((r + 1))
 done
 
+load_end=$(cut -d' ' -f1-3 /proc/loadavg)
 link=$(sed -n 's/^cfxhosts: hosts .* up on [^,]*, link //p' "$out/hier1.log" | head -n 1)
-/usr/bin/python3 - "$out" "$hosts" "$link" "$rounds" <<'EOF' | tee "$out/hosts.md"
+/usr/bin/python3 - "$out" "$hosts" "$link" "$rounds" "$started" "$load_start" "$load_end" \
+    <<'EOF' | tee "$out/hosts.md"
 import csv, os, statistics, sys
 
 out, hosts, link, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+started, load_start, load_end = sys.argv[5:8]
 rows = {}  # (run, workload, method) -> [median_s of each round]
 nbytes = {}
 for run in ("hier", "flat"):
@@ -122,7 +127,8 @@ def spread(run, w, m):
 ranks = sum(int(e.partition(":")[2] or 1) for e in hosts.split(","))
 print(f"Two hosts ({hosts}), link {link}; step time in ms, median over {rounds} round(s) of each "
       f"run's median{' (range over rounds)' if rounds > 1 else ''}; {ranks} ranks on "
-      f"{os.cpu_count()} cores.\n")
+      f"{os.cpu_count()} cores; started {started}, load average (1/5/15 min) {load_start} at the "
+      f"start, {load_end} at the end.\n")
 head = ["workload", "MiB", "best MPI (which)"]
 for m in methods:
     head += [f"{m} hier", f"{m} flat", "hier/flat", "hier/MPI"]
