@@ -321,8 +321,6 @@ static PyObject *cfx_py_gradset_wait(cfx_gradset *set, double timeout_s) {
  *     function set by cfx_py_fast_init before the exception propagates: the engine still borrows
  *     the memory that `keep` holds.
  *   cfx_py_submit(kind, name, desc, output, a, b, c, ctx) -> the handle id (an int).
- *   cfx_py_finish(ptr, handle, timeout_s) -> None: cfx_py_wait, then the handle released when the
- *     collective succeeded (the state a Handle keeps for LIKE and in-place results).
  * ctx: an object whose attribute `ptr` is the SWIG cfx_context pointer. kind: CFX_PY_ALLREDUCE
  * (a = op, b = prescale, c = postscale, output = an address or None), CFX_PY_BROADCAST (a = root
  * rank) or CFX_PY_BARRIER (desc None). name: a str or None; desc: the tuple of cfx_py_tensor.
@@ -473,22 +471,6 @@ static PyObject *cfx_py_submit(PyObject *self, PyObject *const *args, Py_ssize_t
     return PyLong_FromUnsignedLongLong((unsigned long long)h);
 }
 
-static PyObject *cfx_py_finish(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    void *vp = NULL;
-    if (cfx_py_fast_nargs(n, 3, "cfx_py_finish") < 0) return NULL;
-    if (!SWIG_IsOK(SWIG_ConvertPtr(args[0], &vp, SWIGTYPE_p_cfx_context, 0)) || vp == NULL) {
-        PyErr_SetString(PyExc_TypeError, "cfx_py_finish: expected a cfx_context pointer");
-        return NULL;
-    }
-    unsigned long long h = PyLong_AsUnsignedLongLong(args[1]);
-    if (h == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-    double timeout_s = PyFloat_AsDouble(args[2]);
-    if (timeout_s == -1.0 && PyErr_Occurred()) return NULL;
-    PyObject *res = cfx_py_wait(vp, (uint64_t)h, timeout_s);
-    if (res != NULL) (void)cfx_handle_release(vp, (cfx_handle)h);
-    return res;
-}
-
 static PyObject *cfx_py_fast_init(PyObject *self, PyObject *park) {
     if (!PyCallable_Check(park)) {
         PyErr_SetString(PyExc_TypeError, "cfx_py_fast_init needs a callable");
@@ -573,8 +555,6 @@ static PyMethodDef cfx_py_fast_methods[] = {
      "cfx_py_run(kind, name, desc, output, a, b, c, ctx, keep): a lone collective, submitted and waited for."},
     {"cfx_py_submit", (PyCFunction)(void (*)(void))cfx_py_submit, METH_FASTCALL,
      "cfx_py_submit(kind, name, desc, output, a, b, c, ctx) -> handle id."},
-    {"cfx_py_finish", (PyCFunction)(void (*)(void))cfx_py_finish, METH_FASTCALL,
-     "cfx_py_finish(ptr, handle, timeout_s): waits, then releases the handle when it succeeded."},
     {"cfx_py_fast_init", cfx_py_fast_init, METH_O,
      "cfx_py_fast_init(park): park(ctx, handle, keep) takes a blocking call's handle left pending."},
     {NULL, NULL, 0, NULL},

@@ -167,7 +167,7 @@ join_async = _core.join_async
 
 def barrier():
     """Returns once every rank reached the barrier."""
-    barrier_async().wait()
+    _core.barrier()
 
 
 def join():

@@ -473,6 +473,11 @@ def barrier_async():
     return submit(_capi.cfx_barrier_async, (), None, None, "barrier")
 
 
+def barrier():
+    """A blocking barrier in one call into C (cfx_py_run)."""
+    _native.cfx_py_run(_native.CFX_PY_BARRIER, None, None, None, 0, 0.0, 0.0, fast_context(), None)
+
+
 def join_async():
     return submit(_capi.cfx_join_async, (), None, lambda h: h.join_rank(), "join")
 

@@ -233,7 +233,7 @@ _ops.install(globals(), _ADAPTER, _DOCS)
 
 def barrier():
     """Returns once every rank reached the barrier."""
-    _core.barrier_async().wait()
+    _core.barrier()
 
 
 def join(device=-1):
