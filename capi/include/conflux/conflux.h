@@ -267,6 +267,43 @@ CFX_API cfx_status cfx_allreduce_async(cfx_context *ctx, const char *name, const
                                        void *output, cfx_reduce_op op, double prescale,
                                        double postscale, cfx_handle *out);
 
+/* Gradient compression on the wire (since 1.1): float32 and float64 tensors travel as 16-bit
+ * floats where bytes are expensive, the cross-host leg of the hierarchical path; each rank's
+ * values are rounded once when packed, combined in float32 and the result unpacked to the
+ * tensor's dtype (docs/c-api.md "Compression"). The _EVERYWHERE values compress every leg that
+ * goes over the transport; CFX_COMPRESSION_EVERYWHERE=1 in the environment makes FP16 and BF16
+ * mean them. */
+typedef enum cfx_compression {
+    CFX_COMPRESSION_NONE = 0,
+    CFX_COMPRESSION_FP16 = 1, /* IEEE binary16: 11 significant bits, range +-65504 */
+    CFX_COMPRESSION_BF16 = 2, /* bfloat16: 8 significant bits, float32's range */
+    CFX_COMPRESSION_FP16_EVERYWHERE = 3,
+    CFX_COMPRESSION_BF16_EVERYWHERE = 4
+} cfx_compression;
+
+#define CFX_COMPRESSION_COUNT 5
+
+/* Per-call options of cfx_allreduce_async_opts (since 1.1). Version first, only appended to. */
+#define CFX_ALLREDUCE_OPTIONS_VERSION 1
+typedef struct cfx_allreduce_options {
+    uint32_t version;    /* CFX_ALLREDUCE_OPTIONS_VERSION */
+    int32_t op;          /* cfx_reduce_op; default CFX_OP_SUM */
+    double prescale;     /* default 1.0 */
+    double postscale;    /* default 1.0 */
+    int32_t compression; /* cfx_compression; default CFX_COMPRESSION_NONE */
+    /* appended later, never reordered */
+} cfx_allreduce_options;
+
+/* Fills `opts` with the defaults for the given struct version (CFX_ERR_VERSION if unknown). */
+CFX_API cfx_status cfx_allreduce_options_init(cfx_allreduce_options *opts, uint32_t version);
+
+/* cfx_allreduce_async with its parameters in `opts` (NULL: the defaults). Every rank must give a
+ * tensor the same compression (else CFX_ERR_MISMATCH naming it); compression other than NONE
+ * takes float32 and float64 tensors (CFX_ERR_INVALID_ARGUMENT naming the tensor otherwise). */
+CFX_API cfx_status cfx_allreduce_async_opts(cfx_context *ctx, const char *name,
+                                            const cfx_tensor *input, void *output,
+                                            const cfx_allreduce_options *opts, cfx_handle *out);
+
 /* Reduces `count` tensors negotiated and completed together under one handle. Tensor i is named
  * "<name>.<i>". `outputs` may be NULL (all in place) or hold `count` pointers (NULL entries in place). */
 CFX_API cfx_status cfx_grouped_allreduce_async(cfx_context *ctx, const char *name, size_t count,
@@ -364,7 +401,7 @@ CFX_API int cfx_is_shared(const void *ptr, size_t bytes);
  * engine does O(buckets) work and allocates nothing. */
 typedef struct cfx_gradset cfx_gradset;
 
-#define CFX_GRADSET_OPTIONS_VERSION 1
+#define CFX_GRADSET_OPTIONS_VERSION 2 /* 1: without compression (still accepted) */
 typedef struct cfx_gradset_options {
     uint32_t version;         /* CFX_GRADSET_OPTIONS_VERSION */
     int32_t op;               /* default CFX_OP_AVERAGE */
@@ -373,6 +410,7 @@ typedef struct cfx_gradset_options {
     int64_t bucket_bytes;     /* default 0: chosen by Conflux (CFX_GRADSET_BUCKET_BYTES) */
     int32_t owned;            /* default 1: Conflux allocates every gradient in shared memory */
     int32_t accumulate_steps; /* default 1: local passes summed before one reduction */
+    int32_t compression;      /* since version 2: cfx_compression, default NONE */
     /* appended later, never reordered */
 } cfx_gradset_options;
 

@@ -15,6 +15,7 @@
 #include "base/error.h"
 #include "protocol/queue.h"
 #include "exec/shared_pool.h"
+#include "kernels/compress.h"
 #include "transport/transport_local.h"
 #if CFX_HAVE_MPI
 #include "transport/transport_mpi.h"
@@ -443,6 +444,7 @@ typedef struct group_args {
     cfx_reduce_op op;
     double prescale, postscale;
     bool grouped;
+    uint8_t compression; /* cfx_compression, as it goes on the wire */
 } group_args;
 
 /* Every local check of one tensor of a group_args call; `what` labels it in messages. */
@@ -454,6 +456,8 @@ static cfx_status check_group_tensor(cfx_context *ctx, const group_args *a, cons
         st = check_reduction(a->fn, what, t, a->op, a->prescale, a->postscale);
     if (!st && a->op == CFX_OP_ADASUM && (a->coll == CX_ALLREDUCE || a->coll == CX_REDUCESCATTER))
         st = check_adasum(a->fn, what, t, a->coll);
+    if (!st && a->compression)
+        st = cx_compression_check(a->fn, what, (cfx_dtype)t->dtype, a->op, a->compression);
     if (!st && a->coll != CX_ALLREDUCE && t->ndim == 0)
         st = cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: %s: a scalar (ndim 0) has no first "
                      "dimension to %s along", a->fn, what,
@@ -522,6 +526,7 @@ static cfx_status submit_group(cfx_context *ctx, const group_args *a, cfx_handle
         e->req.op = (uint8_t)a->op;
         e->req.prescale = a->prescale;
         e->req.postscale = a->postscale;
+        e->req.compression = a->compression;
         if (a->grouped) {
             e->req.group = strdup(group);
             e->req.group_size = (uint32_t)a->count;
@@ -547,7 +552,44 @@ cfx_status cfx_allreduce_async(cfx_context *ctx, const char *name, const cfx_ten
 {
     void *outputs[1] = {output};
     group_args a = {"cfx_allreduce_async", CX_ALLREDUCE, "allreduce", name, 1, input, outputs, op,
-                    prescale, postscale, false};
+                    prescale, postscale, false, 0};
+    return submit_group(ctx, &a, out);
+}
+
+cfx_status cfx_allreduce_options_init(cfx_allreduce_options *opts, uint32_t version)
+{
+    if (!opts)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_allreduce_options_init: opts is NULL");
+    if (version != CFX_ALLREDUCE_OPTIONS_VERSION)
+        return cx_fail(CFX_ERR_VERSION, "cfx_allreduce_options_init: options version %u is not "
+                       "known to this library (it knows %d)", version,
+                       CFX_ALLREDUCE_OPTIONS_VERSION);
+    memset(opts, 0, sizeof *opts);
+    opts->version = version;
+    opts->op = CFX_OP_SUM;
+    opts->prescale = opts->postscale = 1.0;
+    opts->compression = CFX_COMPRESSION_NONE;
+    return CFX_OK;
+}
+
+cfx_status cfx_allreduce_async_opts(cfx_context *ctx, const char *name, const cfx_tensor *input,
+                                    void *output, const cfx_allreduce_options *opts,
+                                    cfx_handle *out)
+{
+    const char *fn = "cfx_allreduce_async_opts";
+    cfx_allreduce_options defaults;
+    cfx_allreduce_options_init(&defaults, CFX_ALLREDUCE_OPTIONS_VERSION);
+    const cfx_allreduce_options *o = opts ? opts : &defaults;
+    if (o->version != CFX_ALLREDUCE_OPTIONS_VERSION)
+        return cx_fail(CFX_ERR_VERSION, "%s: options version %u is not known to this library "
+                       "(fill them with cfx_allreduce_options_init)", fn, o->version);
+    uint8_t wire;
+    cfx_status st = cx_compression_wire(fn, o->compression, &wire);
+    if (st)
+        return st;
+    void *outputs[1] = {output};
+    group_args a = {fn, CX_ALLREDUCE, "allreduce", name, 1, input, outputs, (cfx_reduce_op)o->op,
+                    o->prescale, o->postscale, false, wire};
     return submit_group(ctx, &a, out);
 }
 
@@ -557,7 +599,7 @@ cfx_status cfx_grouped_allreduce_async(cfx_context *ctx, const char *name, size_
                                        cfx_handle *out)
 {
     group_args a = {"cfx_grouped_allreduce_async", CX_ALLREDUCE, "grouped_allreduce", name, count,
-                    inputs, outputs, op, prescale, postscale, true};
+                    inputs, outputs, op, prescale, postscale, true, 0};
     return submit_group(ctx, &a, out);
 }
 
@@ -565,7 +607,7 @@ cfx_status cfx_allgather_async(cfx_context *ctx, const char *name, const cfx_ten
                                cfx_handle *out)
 {
     group_args a = {"cfx_allgather_async", CX_ALLGATHER, "allgather", name, 1, input, NULL,
-                    CFX_OP_SUM, 1.0, 1.0, false};
+                    CFX_OP_SUM, 1.0, 1.0, false, 0};
     return submit_group(ctx, &a, out);
 }
 
@@ -573,7 +615,7 @@ cfx_status cfx_grouped_allgather_async(cfx_context *ctx, const char *name, size_
                                        const cfx_tensor *inputs, cfx_handle *out)
 {
     group_args a = {"cfx_grouped_allgather_async", CX_ALLGATHER, "grouped_allgather", name, count,
-                    inputs, NULL, CFX_OP_SUM, 1.0, 1.0, true};
+                    inputs, NULL, CFX_OP_SUM, 1.0, 1.0, true, 0};
     return submit_group(ctx, &a, out);
 }
 
@@ -582,7 +624,7 @@ cfx_status cfx_reducescatter_async(cfx_context *ctx, const char *name, const cfx
                                    cfx_handle *out)
 {
     group_args a = {"cfx_reducescatter_async", CX_REDUCESCATTER, "reducescatter", name, 1, input,
-                    NULL, op, prescale, postscale, false};
+                    NULL, op, prescale, postscale, false, 0};
     return submit_group(ctx, &a, out);
 }
 
@@ -591,7 +633,7 @@ cfx_status cfx_grouped_reducescatter_async(cfx_context *ctx, const char *name, s
                                            double prescale, double postscale, cfx_handle *out)
 {
     group_args a = {"cfx_grouped_reducescatter_async", CX_REDUCESCATTER, "grouped_reducescatter",
-                    name, count, inputs, NULL, op, prescale, postscale, true};
+                    name, count, inputs, NULL, op, prescale, postscale, true, 0};
     return submit_group(ctx, &a, out);
 }
 

@@ -12,6 +12,7 @@
  * buffers are views into it, so a bucket is reduced in place as one segment).
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,7 @@
 #include "engine/context.h"
 #include "engine/gradset.h"
 #include "exec/shared_pool.h"
+#include "kernels/compress.h"
 #include "protocol/wire.h"
 
 /* Default bucket size: large enough for the data path's bandwidth, small enough that the first
@@ -34,16 +36,20 @@ cfx_status cfx_gradset_options_init(cfx_gradset_options *opts, uint32_t version)
 {
     if (!opts)
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_gradset_options_init: opts is NULL");
-    if (version != CFX_GRADSET_OPTIONS_VERSION)
+    if (version != 1 && version != CFX_GRADSET_OPTIONS_VERSION)
         return cx_fail(CFX_ERR_VERSION, "cfx_gradset_options_init: options version %u is not "
-                       "known to this library (it knows %d)", version, CFX_GRADSET_OPTIONS_VERSION);
-    memset(opts, 0, sizeof *opts);
+                       "known to this library (it knows 1..%d)", version,
+                       CFX_GRADSET_OPTIONS_VERSION);
+    /* A version 1 caller's struct ends before compression. */
+    memset(opts, 0, version == 1 ? offsetof(cfx_gradset_options, compression) : sizeof *opts);
     opts->version = version;
     opts->op = CFX_OP_AVERAGE;
     opts->prescale = opts->postscale = 1.0;
     opts->bucket_bytes = 0;
     opts->owned = 1;
     opts->accumulate_steps = 1;
+    if (version >= 2)
+        opts->compression = CFX_COMPRESSION_NONE;
     return CFX_OK;
 }
 
@@ -59,10 +65,16 @@ static int64_t default_bucket_bytes(void)
     return DEFAULT_BUCKET_BYTES;
 }
 
-static cfx_status check_options(const cfx_gradset_options *o)
+static cfx_status check_options(const cfx_gradset_options *o, uint8_t *wire)
 {
     const char *fn = "cfx_gradset_create";
-    if (o->version != CFX_GRADSET_OPTIONS_VERSION)
+    *wire = CFX_COMPRESSION_NONE;
+    if (o->version >= 2) {
+        cfx_status st = cx_compression_wire(fn, o->compression, wire);
+        if (st)
+            return st;
+    }
+    if (o->version != 1 && o->version != CFX_GRADSET_OPTIONS_VERSION)
         return cx_fail(CFX_ERR_VERSION, "%s: options version %u is not known to this library "
                        "(fill them with cfx_gradset_options_init)", fn, o->version);
     if (!cx_op_valid(o->op))
@@ -93,7 +105,8 @@ cfx_status cfx_gradset_create(cfx_context *ctx, const char *name, const cfx_grad
     cfx_gradset_options defaults;
     cfx_gradset_options_init(&defaults, CFX_GRADSET_OPTIONS_VERSION);
     const cfx_gradset_options *o = opts ? opts : &defaults;
-    cfx_status st = check_options(o);
+    uint8_t wire;
+    cfx_status st = check_options(o, &wire);
     if (st)
         return st;
     if (!atomic_load(&ctx->running))
@@ -116,6 +129,7 @@ cfx_status cfx_gradset_create(cfx_context *ctx, const char *name, const cfx_grad
     s->bucket_bytes = o->bucket_bytes ? o->bucket_bytes : default_bucket_bytes();
     s->owned = o->owned;
     s->accumulate_steps = o->accumulate_steps;
+    s->compression = wire;
     *out = s;
     return CFX_OK;
 }
@@ -167,6 +181,14 @@ cfx_status cfx_gradset_add(cfx_gradset *set, const char *name, const cfx_tensor 
                        "float32 and float64 host tensors, not %s%s", fn, name,
                        cfx_dtype_name((cfx_dtype)grad->dtype),
                        grad->device != CFX_DEVICE_CPU ? " on a CUDA device" : "");
+    if (set->compression) {
+        char what[NAME_MAX_BYTES + 16];
+        snprintf(what, sizeof what, "gradient '%s'", name);
+        st = cx_compression_check(fn, what, (cfx_dtype)grad->dtype, (cfx_reduce_op)set->op,
+                                  set->compression);
+        if (st)
+            return st;
+    }
     if (set->owned && grad->device != CFX_DEVICE_CPU)
         return cx_fail(CFX_ERR_UNSUPPORTED, "%s: gradient '%s' is on CUDA device %d: owned storage "
                        "is host memory; register device gradients in a set with owned = 0", fn,
@@ -206,7 +228,7 @@ cfx_status cfx_gradset_add(cfx_gradset *set, const char *name, const cfx_tensor 
 }
 
 /* ---- the registration on the wire ------------------------------------------------------------
- * u32 count, then per gradient: u32 name length, name bytes, i32 dtype, i32 device kind
+ * u32 count, u32 compression (the set's wire value), then per gradient: u32 name length, name bytes, i32 dtype, i32 device kind
  * (-1 CPU, 0 CUDA: ordinals may differ between ranks), i32 ndim, ndim x i64 extents. */
 
 typedef struct reg_writer {
@@ -223,8 +245,9 @@ static void put(reg_writer *w, const void *p, size_t n)
 
 static void encode_registration(const cfx_gradset *s, reg_writer *w)
 {
-    uint32_t count = (uint32_t)s->ngrads;
+    uint32_t count = (uint32_t)s->ngrads, compression = s->compression;
     put(w, &count, 4);
+    put(w, &compression, 4);
     for (int32_t i = 0; i < s->ngrads; i++) {
         const cx_grad *g = &s->grads[i];
         uint32_t len = (uint32_t)strlen(g->name);
@@ -260,11 +283,12 @@ static bool take(reg_reader *r, void *out, size_t n)
 }
 
 /* Decodes rank `rank`'s bytes into *out (malloc'ed, *count entries); false when malformed. */
-static bool decode_registration(const uint8_t *bytes, size_t len, reg_grad **out, uint32_t *count)
+static bool decode_registration(const uint8_t *bytes, size_t len, reg_grad **out, uint32_t *count,
+                                uint32_t *compression)
 {
     reg_reader r = {bytes, bytes + len};
     *out = NULL;
-    if (!take(&r, count, 4) || *count > len / 16)
+    if (!take(&r, count, 4) || !take(&r, compression, 4) || *count > len / 16)
         return false;
     reg_grad *g = calloc(*count ? *count : 1, sizeof *g);
     if (!g)
@@ -511,6 +535,7 @@ static cfx_status plan(cfx_gradset *s, const reg_grad *order, uint32_t count)
                 it->shape[0] = (int64_t)g->elements;
                 it->prescale = s->prescale;
                 it->postscale = s->postscale;
+                it->compression = s->compression;
                 s->entries[item].input = s->entries[item].output = g->data;
                 s->entries[item].bytes = g->bytes;
                 item++;
@@ -527,6 +552,7 @@ static cfx_status plan(cfx_gradset *s, const reg_grad *order, uint32_t count)
             it->shape[0] = (int64_t)bk->elements;
             it->prescale = s->prescale;
             it->postscale = s->postscale;
+            it->compression = s->compression;
             s->entries[item].input = s->entries[item].output = bk->data;
             s->entries[item].bytes = bk->bytes;
             item++;
@@ -567,11 +593,19 @@ cfx_status cfx_gradset_commit(cfx_gradset *set)
     if (!st)
         st = gather_registrations(set, w.buf, len, &all, lens);
     size_t off = 0;
+    uint32_t comp0 = 0, comp = 0;
     for (int r = 0; r < size && !st; r++) {
         if (lens[r] < 0 || !decode_registration((const uint8_t *)all + off, (size_t)lens[r],
-                                                &regs[r], &counts[r]))
+                                                &regs[r], &counts[r], &comp))
             st = cx_fail(CFX_ERR_TRANSPORT, "cfx_gradset_commit: gradient set '%s': rank %d sent "
                          "a malformed registration (%lld bytes)", set->name, r, (long long)lens[r]);
+        else if (r == 0)
+            comp0 = comp;
+        else if (comp != comp0)
+            st = cx_fail(CFX_ERR_MISMATCH, "cfx_gradset_commit: gradient set '%s': mismatched "
+                         "compression: rank 0 asked for %s but rank %d for %s", set->name,
+                         cx_compression_name((uint8_t)comp0), r,
+                         cx_compression_name((uint8_t)comp));
         off += (size_t)lens[r];
     }
     if (!st)

@@ -69,6 +69,7 @@ struct cfx_gradset {
     char *name;
     int32_t op, owned, accumulate_steps;
     double prescale, postscale;
+    uint8_t compression;      /* cfx_compression's wire value (kernels/compress.h) */
     int64_t bucket_bytes;
     /* Registration (this rank's order of cfx_gradset_add). */
     cx_grad *grads;

@@ -8,6 +8,7 @@
 #include "base/dtype.h"
 #include "base/error.h"
 #include "protocol/fusion.h"
+#include "kernels/compress.h"
 #include "kernels/reduce.h"
 #include "exec/adasum.h"
 #include "exec/shm.h"
@@ -267,17 +268,42 @@ static cfx_status reserve_ordered(cx_exec *x, size_t n, size_t esize)
     return reserve(&x->scratch, &x->scratch_cap, block * ((size_t)x->transport->size + 1) + 1);
 }
 
+/* reduce_chunks with compression on this leg: each chunk packed into the 16-bit `half` with the
+ * prescale fused in, allreduced by the transport in float32 (its 16-bit ops widen and round
+ * back), unpacked with the postscale fused in. */
+static cfx_status compressed_chunks(cx_exec *x, const void *src, void *dst, size_t n,
+                                    cfx_dtype dtype, cfx_reduce_op op, double prescale,
+                                    double postscale, cfx_dtype half)
+{
+    cx_transport *t = x->transport;
+    size_t esize = cfx_dtype_size(dtype);
+    size_t step = elements_per_chunk(x, esize);
+    cfx_status st = reserve(&x->scratch, &x->scratch_cap, (n < step ? n : step) * 2 + 2);
+    for (size_t off = 0; off < n && !st; off += step) {
+        size_t len = n - off < step ? n - off : step;
+        cx_compress_pack(x->scratch, (const char *)src + off * esize, len, dtype, half, prescale);
+        st = t->ops->allreduce(t, x->scratch, len, half, op);
+        if (!st)
+            cx_compress_unpack((char *)dst + off * esize, x->scratch, len, dtype, half, postscale);
+    }
+    return st;
+}
+
 /* Allreduce of n elements from src into dst (which may be the same), chunk by chunk, with the
  * prescale applied as each chunk is staged and the postscale right after its reduction, while
  * the chunk is still in cache. Deterministic mode reduces every element in rank order (its
  * scratch reserved by reserve_ordered). */
 static cfx_status reduce_chunks(cx_exec *x, const void *src, void *dst, size_t n, cfx_dtype dtype,
-                                cfx_reduce_op op, double prescale, double postscale)
+                                cfx_reduce_op op, double prescale, double postscale, uint8_t wire)
 {
     cx_transport *t = x->transport;
     int size = t->size;
     size_t esize = cfx_dtype_size(dtype);
     bool ordered = x->cfg->deterministic && size > 1;
+    /* MPI's path crosses hosts whenever the job spans them. */
+    int half = ordered || size == 1 ? -1 : cx_compression_leg(wire, dtype, t->cross_size > 1);
+    if (half >= 0)
+        return compressed_chunks(x, src, dst, n, dtype, op, prescale, postscale, (cfx_dtype)half);
     /* Ordered: each rank owns a chunk-sized block of every step. */
     size_t step = elements_per_chunk(x, esize) * (ordered ? (size_t)size : 1);
     size_t counts[size], bytes[size], displs[size];
@@ -373,6 +399,7 @@ cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_allreduce_batch *b, doubl
     cfx_reduce_op op = b->op;
     double pre = b->prescale, post = b->postscale;
     const char *name = items[0].name;
+    uint8_t wire = items[0].compression; /* agreed, the same for the whole batch */
     if (b->local) /* failed before it started: only the agreement */
         return cx_exec_agree(x, b->local, CX_AGREE_READY, name, NULL);
     if (op == CFX_OP_ADASUM) { /* its own data path (adasum.h); across hosts after a host average */
@@ -401,8 +428,8 @@ cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_allreduce_batch *b, doubl
         st = cx_exec_agree(x, st, CX_AGREE_READY, name, NULL);
         if (!st) {
             TL_STAMP(tl, 1);
-            st = cx_shm_allreduce(x->shm, x->transport, segs, n, dtype, op, pre, post,
-                                  x->hierarchical);
+            st = cx_shm_allreduce_wire(x->shm, x->transport, segs, n, dtype, op, pre, post,
+                                       x->hierarchical, cx_compression_leg(wire, dtype, true));
             TL_STAMP(tl, 2);
             const char *why;
             int direct = cx_shm_direct_state(x->shm, &why);
@@ -423,7 +450,7 @@ cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_allreduce_batch *b, doubl
         st = cx_exec_agree(x, reserve_ordered(x, total, esize), CX_AGREE_READY, name, NULL);
         TL_STAMP(tl, 1);
         if (!st)
-            st = reduce_chunks(x, e->input, e->output, total, dtype, op, pre, post);
+            st = reduce_chunks(x, e->input, e->output, total, dtype, op, pre, post, wire);
         TL_STAMP(tl, 2);
     } else {
         st = reserve(&x->fusion, &x->fusion_cap, total * esize + 1);
@@ -442,7 +469,7 @@ cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_allreduce_batch *b, doubl
         st = cx_exec_agree(x, st, CX_AGREE_READY, name, NULL);
         TL_STAMP(tl, 1);
         if (!st)
-            st = reduce_chunks(x, buf, buf, total, dtype, op, 1.0, 1.0);
+            st = reduce_chunks(x, buf, buf, total, dtype, op, 1.0, 1.0, wire);
         TL_STAMP(tl, 2);
         off = 0;
         for (size_t i = 0; !st && i < n; i++) {

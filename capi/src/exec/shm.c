@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "kernels/compress.h"
 #include "kernels/reduce.h"
 #include "exec/shared_pool.h"
 
@@ -62,6 +63,7 @@ struct cx_shm {
     uint64_t *peer_sizes;  /* [nlocal] their sizes, for munmap */
     uint8_t *strip;        /* OWN_STRIP_BYTES of private scratch for the direct path */
     uint8_t *piece;        /* a chunk of private scratch: its hierarchical form's block */
+    uint16_t *wire16;      /* half a chunk, made on first use: a compressed cross-host block */
     char direct_off[512];  /* why the direct path is off */
 };
 
@@ -269,6 +271,7 @@ void cx_shm_destroy(cx_shm *s)
         return;
     unmap_peer_pools(s);
     munmap(s->base, s->size);
+    free(s->wire16);
     free(s);
 }
 
@@ -466,6 +469,25 @@ static void direct_write(const cx_shm *s, const cx_segment *segs, batch_pos *p, 
     }
 }
 
+/* The cross-host leg of this rank's block (`count` elements of `buf`, in place): in the tensor's
+ * dtype, or with `wire` >= 0 packed into that 16-bit dtype, combined by the transport in float32
+ * (its 16-bit ops widen, add and round back) and unpacked. The block is chunk-sized and was just
+ * reduced, so both conversions run on cache-resident data. */
+static cfx_status cross_leg(cx_shm *s, cx_transport *t, void *buf, size_t count, cfx_dtype dtype,
+                            cfx_reduce_op op, int wire)
+{
+    if (wire < 0)
+        return t->ops->cross_allreduce(t, buf, count, dtype, op);
+    if (!s->wire16 && !(s->wire16 = malloc(s->chunk / 2 + sizeof(uint16_t))))
+        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for a compressed block (%zu bytes)",
+                       s->chunk / 2);
+    cx_compress_pack(s->wire16, buf, count, dtype, (cfx_dtype)wire, 1.0);
+    cfx_status st = t->ops->cross_allreduce(t, s->wire16, count, (cfx_dtype)wire, op);
+    if (!st)
+        cx_compress_unpack(buf, s->wire16, count, dtype, (cfx_dtype)wire, 1.0);
+    return st;
+}
+
 /* The direct path: every local rank's tensors are in its pool, so nothing is copied in or out.
  * On one host, local rank i reduces block i of the whole batch in L1-sized strips, each written
  * into every rank's output right after its reduction. Across hosts (hierarchical), the work keeps
@@ -477,7 +499,7 @@ static void direct_write(const cx_shm *s, const cx_segment *segs, batch_pos *p, 
  * the only barrier is the one at the end. */
 static cfx_status direct_allreduce(cx_shm *s, cx_transport *t, const cx_segment *segs, size_t n,
                                    cfx_dtype dtype, cfx_reduce_op op, double postscale,
-                                   bool hierarchical)
+                                   bool hierarchical, int wire)
 {
     size_t esize = cfx_dtype_size(dtype);
     batch_pos rd = {0, 0}, wr = {0, 0}; /* where the reads and the writes have got to */
@@ -497,7 +519,7 @@ static cfx_status direct_allreduce(cx_shm *s, cx_transport *t, const cx_segment 
             size_t hi = off + block_start(count, s->nlocal, s->me + 1);
             direct_reduce(s, segs, &rd, lo, hi, s->piece, dtype, op);
             /* Ranks with an empty block still call, so the cross communicator's calls match. */
-            st = t->ops->cross_allreduce(t, s->piece, hi - lo, dtype, op);
+            st = cross_leg(s, t, s->piece, hi - lo, dtype, op, wire);
             if (!st)
                 direct_write(s, segs, &wr, lo, hi, s->piece, dtype, postscale);
         }
@@ -509,6 +531,14 @@ static cfx_status direct_allreduce(cx_shm *s, cx_transport *t, const cx_segment 
 cfx_status cx_shm_allreduce(cx_shm *s, cx_transport *t, const cx_segment *segs, size_t nsegs,
                             cfx_dtype dtype, cfx_reduce_op op, double prescale, double postscale,
                             bool hierarchical)
+{
+    return cx_shm_allreduce_wire(s, t, segs, nsegs, dtype, op, prescale, postscale, hierarchical,
+                                 -1);
+}
+
+cfx_status cx_shm_allreduce_wire(cx_shm *s, cx_transport *t, const cx_segment *segs,
+                                 size_t nsegs, cfx_dtype dtype, cfx_reduce_op op, double prescale,
+                                 double postscale, bool hierarchical, int wire)
 {
     size_t esize = cfx_dtype_size(dtype);
     size_t per_chunk = s->chunk / esize;
@@ -546,7 +576,8 @@ cfx_status cx_shm_allreduce(cx_shm *s, cx_transport *t, const cx_segment *segs, 
             if (takers == s->nlocal && s->direct == DIRECT_UNTRIED)
                 setup_direct(s);
             if (takers == s->nlocal && s->direct == DIRECT_READY)
-                return direct_allreduce(s, t, segs, n, dtype, op, postscale, hierarchical);
+                return direct_allreduce(s, t, segs, n, dtype, op, postscale, hierarchical,
+                                        wire);
             if (takers) { /* some ranks skipped their copy in */
                 if (offered)
                     copy_in_chunk(s, k, segs, &in_first, &own, count, lo, hi, stage_own, false,
@@ -574,7 +605,7 @@ cfx_status cx_shm_allreduce(cx_shm *s, cx_transport *t, const cx_segment *segs, 
         if (hierarchical) {
             /* Every local rank sends its own block across hosts: all links work at once. Ranks
              * with an empty block still call, so the cross communicator's calls match. */
-            cfx_status st = t->ops->cross_allreduce(t, res + lo * esize, hi - lo, dtype, op);
+            cfx_status st = cross_leg(s, t, res + lo * esize, hi - lo, dtype, op, wire);
             if (st)
                 return st;
             out_op.buf = res + lo * esize;

@@ -35,7 +35,8 @@ static bool same_params(const cx_response *r, const cx_request *q)
         r->ndim != q->ndim || r->group_size != q->group_size)
         return false;
     if (r->coll == CX_ALLREDUCE || r->coll == CX_REDUCESCATTER) {
-        if (r->op != q->op || r->prescale != q->prescale || r->postscale != q->postscale)
+        if (r->op != q->op || r->prescale != q->prescale || r->postscale != q->postscale ||
+            r->compression != q->compression)
             return false;
     }
     if (r->coll == CX_BROADCAST && r->root != q->root)

@@ -38,7 +38,7 @@ static int compatible(const cx_response *a, const cx_response *b)
     if (a->coll == CX_ALLGATHER) /* bytes are only moved: any dtypes share a batch */
         return 1;
     return a->dtype == b->dtype && a->op == b->op && a->prescale == b->prescale &&
-           a->postscale == b->postscale;
+           a->postscale == b->postscale && a->compression == b->compression;
 }
 
 size_t cx_fusion_batch(const cx_response *items, size_t count, size_t start,

@@ -8,6 +8,7 @@
 
 #include "base/dtype.h"
 #include "base/error.h"
+#include "kernels/compress.h"
 #include "observe/timeline.h"
 
 typedef struct cx_pending {
@@ -150,6 +151,13 @@ static bool check_against(cx_response *out, const cx_request *a, int ra, const c
                           a->postscale, rb, b->prescale, b->postscale);
             return false;
         }
+        if (a->compression != b->compression) {
+            fail_response(out, CFX_ERR_MISMATCH, "tensor '%s': mismatched compression in %s: rank "
+                          "%d asked for %s but rank %d for %s", name, cx_coll_name(a->coll), ra,
+                          cx_compression_name(a->compression), rb,
+                          cx_compression_name(b->compression));
+            return false;
+        }
     }
     if (a->coll == CX_BROADCAST && a->root != b->root) {
         fail_response(out, CFX_ERR_MISMATCH, "tensor '%s': mismatched broadcast root: rank %d named "
@@ -189,6 +197,7 @@ static cfx_status build_response(cx_coordinator *c, cx_pending *p, cx_response *
     memcpy(out->shape, a->shape, sizeof out->shape);
     out->prescale = a->prescale;
     out->postscale = a->postscale;
+    out->compression = a->compression;
     out->group_size = a->group_size;
     out->status = CFX_OK;
     out->last_joined = -1;

@@ -193,6 +193,12 @@ static void check_common(reader *r, uint8_t coll, uint8_t dtype, uint8_t op, int
     }
 }
 
+static void check_compression(reader *r, uint8_t c)
+{
+    if (!r->bad && c >= CFX_COMPRESSION_COUNT)
+        bad(r, "compression %u is unknown (0..%d)", c, CFX_COMPRESSION_COUNT - 1);
+}
+
 void cx_request_free(cx_request *r)
 {
     free(r->name);
@@ -282,14 +288,15 @@ cfx_status cx_encode_requests(const cx_request_list *l, cx_bytes *out)
         put_str(out, q->name);
         put_str(out, q->group);
         put_shape(out, q->ndim, q->shape);
+        put_u8(out, q->compression);
     }
     return out->failed ? cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory encoding requests") : CFX_OK;
 }
 
 /* The smallest encoded request and response (every string absent or empty, ndim 0, no rows):
  * a count above len / these cannot be real, so it never sizes an allocation. */
-#define WIRE_MIN_REQUEST 43
-#define WIRE_MIN_RESPONSE 59
+#define WIRE_MIN_REQUEST 44
+#define WIRE_MIN_RESPONSE 60
 
 cfx_status cx_decode_requests(const void *data, size_t len, cx_request_list *out)
 {
@@ -325,8 +332,10 @@ cfx_status cx_decode_requests(const void *data, size_t len, cx_request_list *out
             bad(&r, "the name is missing");
         q->group = get_str(&r, "group");
         get_shape(&r, &q->ndim, q->shape);
+        q->compression = get_u8(&r, "compression");
         check_common(&r, q->coll, q->dtype, q->op, q->device, q->root, q->prescale, q->postscale,
                      q->ndim, q->shape);
+        check_compression(&r, q->compression);
     }
     r.item = -1;
     if (!r.bad && r.p != r.end)
@@ -364,6 +373,7 @@ cfx_status cx_encode_responses(const cx_response_list *l, cx_bytes *out)
         put_u32(out, s->rank_rows ? s->nrows : 0);
         for (uint32_t j = 0; s->rank_rows && j < s->nrows; j++)
             put_i64(out, s->rank_rows[j]);
+        put_u8(out, s->compression);
     }
     if (l->flags & CX_LIST_TUNED) { /* autotune's parameters, after the items */
         put_i64(out, l->tuned_fusion_threshold);
@@ -420,8 +430,10 @@ cfx_status cx_decode_responses(const void *data, size_t len, cx_response_list *o
                     bad(&r, "rank %u's row count is negative (%lld)", j, (long long)s->rank_rows[j]);
             }
         }
+        s->compression = get_u8(&r, "compression");
         check_common(&r, s->coll, s->dtype, s->op, s->device, s->root, s->prescale, s->postscale,
                      s->ndim, s->shape);
+        check_compression(&r, s->compression);
         if (!r.bad && s->status < 0)
             bad(&r, "status %d is negative", s->status);
         if (!r.bad && s->last_joined < -1)

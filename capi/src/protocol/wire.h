@@ -25,7 +25,7 @@
  * the cycle's bit vector, the shared-memory segment). A minor version is a change an older peer
  * still talks to (ranks with the same major go on, with a log line); any other change bumps the
  * major, and ranks whose majors differ refuse to start (CFX_ERR_VERSION). */
-#define CX_WIRE_VERSION_MAJOR 1
+#define CX_WIRE_VERSION_MAJOR 2 /* 2: compression ends each request and response */
 #define CX_WIRE_VERSION_MINOR 0
 
 typedef struct cx_request {
@@ -38,6 +38,7 @@ typedef struct cx_request {
     int32_t ndim;
     int64_t shape[CFX_MAX_NDIM];
     double prescale, postscale;
+    uint8_t compression; /* allreduce: cfx_compression (kernels/compress.h); last on the wire */
 } cx_request;
 
 enum { CX_LIST_SHUTDOWN = 1, CX_LIST_JOINED = 2, CX_LIST_TUNED = 4 };
@@ -62,6 +63,7 @@ typedef struct cx_response {
     uint32_t nrows;       /* allgather: entries of rank_rows (= size) */
     int64_t *rank_rows;   /* owned; allgather: each rank's dim-0 extent */
     int32_t last_joined;  /* join: the rank that joined last */
+    uint8_t compression;  /* the agreed cfx_compression (kernels/compress.h); last on the wire */
 } cx_response;
 
 typedef struct cx_response_list {
