@@ -9,6 +9,8 @@ import warnings
 
 import torch
 
+from conflux.torch_optimizer import _DistributedOptimizer as _PerCall, _after_accumulation
+
 from . import mpi_ops as _mpi
 from .compression import Compression
 from .mpi_ops import Adasum, Average, Max, Min, Product, Sum, global_process_set, size
@@ -56,6 +58,11 @@ def _check_groups(groups):
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
+    # The hooks, and the start of the allreduces whose hooks did not fire, are conflux.torch's
+    # per-call path's (the same fields; _allreduce_grad_async is this class's).
+    _make_hook = _PerCall._make_hook
+    _start_missing = _PerCall._start_missing
+
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, sparse_as_dense, process_set):
         super(self.__class__, self).__init__(params)
@@ -95,13 +102,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _register_hooks(self):
         for group in self.param_groups:
             for p in group["params"]:
-                if p.requires_grad:
+                if p.requires_grad:  # the hook runs once p.grad holds this pass's gradient
                     self._requires_update.add(p)
-                    # The gradient accumulator fires after p.grad holds this pass's gradient.
-                    with torch.enable_grad():
-                        grad_acc = p.expand_as(p).grad_fn.next_functions[0][0]
-                    grad_acc.register_hook(self._make_hook(p))
-                    self._grad_accs.append(grad_acc)
+                    _after_accumulation(p, self._make_hook(p), self._grad_accs)
 
     def _allreduce_grad_async(self, p):
         if p.grad is None:
@@ -123,34 +126,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         handle = self._ops.allreduce_async_(compressed, self.op, name, prescale, postscale)
         return handle, ctx
 
-    def _make_hook(self, p):
-        def hook(*ignore):
-            if p in self._handles and self._handles[p][0] is not None:
-                if self._allreduce_delay[p] <= 0:
-                    raise AssertionError(
-                        "Gradients were computed more than backward_passes_per_step times before "
-                        "call to step(). Increase backward_passes_per_step to accumulate gradients "
-                        "locally.")
-            assert not p.grad.requires_grad
-            assert self._allreduce_delay[p] > 0
-            handle, ctx = None, None
-            self._allreduce_delay[p] -= 1
-            if self._allreduce_delay[p] == 0:
-                handle, ctx = self._allreduce_grad_async(p)
-            self._handles[p] = (handle, ctx)
-        return hook
-
     def synchronize(self):
         """Waits for every gradient's allreduce (starting those whose hooks did not fire)."""
         if not self._included or size() <= 1:
             self._synchronized = True
             return
-        missing = self._requires_update - set(self._handles)
-        for p in sorted(missing, key=lambda q: self._parameter_names.get(q, "")):
-            self._handles[p] = self._allreduce_grad_async(p)
-        for p, (handle, ctx) in list(self._handles.items()):
-            if handle is None:
-                self._handles[p] = self._allreduce_grad_async(p)
+        self._start_missing()
         errors = []
         for p, (handle, ctx) in self._handles.items():
             try:
