@@ -349,7 +349,7 @@ def _horovod_sources(op):
                 body += _SPARSE.format(x=x, ret="return ", wait="")
             body += "    return ops.%s(%s)\n" % (name, cfx_args)
         elif name.endswith("_"):
-            lines.append("return _sync(ops.%s_async_(%s))" % (op.name, cfx_args))
+            lines.append("return _horovod_errors(ops.%s_, %s)" % (op.name, cfx_args))
             body = "".join("    %s\n" % line for line in lines)
         else:
             if "op" in op.params:
