@@ -13,7 +13,8 @@
  * with every tensor in Conflux's shared tensor memory, cfx_alloc, which lets the engine reduce straight
  * from every local rank's tensors), mpi_flat (one MPI_Allreduce of the step's total bytes in one flat
  * buffer), mpi_per_tensor (one MPI_Allreduce per tensor, same order), mpi_chunk_{1,4,16}M (the flat
- * buffer as sequential chunks).
+ * buffer as sequential chunks); for the model workloads also conflux_adasum (the conflux step with
+ * CFX_OP_ADASUM: what the adaptive sum costs against the plain one, same tensors, same rounds).
  * Timing: MPI_Barrier, then MPI_Wtime around the step on every rank; the max over ranks of each repeat
  * (MPI_Reduce MAX) goes into the median/min/max. Warm-up repeats are not recorded.
  * Schedule (--schedule): blocks (default) runs, per workload, the baselines (each repeat times every
@@ -416,13 +417,14 @@ typedef struct cfx_arg {
     cfx_context *ctx;
     cfx_handle *h;
     float **data; /* the tensors (one copy per Conflux method) */
+    cfx_reduce_op op; /* CFX_OP_SUM (0) unless set */
 } cfx_arg;
 
 static void step_conflux(workload *w, void *arg) {
     cfx_arg *a = arg;
     for (size_t i = w->n; i-- > 0;) { /* gradients arrive in roughly reverse registration order */
         cfx_tensor t = {a->data[i], w->t[i].shape, w->t[i].ndim, CFX_FLOAT32, CFX_DEVICE_CPU, NULL};
-        cfx_check(cfx_allreduce_async(a->ctx, w->t[i].name, &t, NULL, CFX_OP_SUM, 1.0, 1.0, &a->h[i]),
+        cfx_check(cfx_allreduce_async(a->ctx, w->t[i].name, &t, NULL, a->op, 1.0, 1.0, &a->h[i]),
                   "cfx_allreduce_async");
     }
     for (size_t i = w->n; i-- > 0;) {
@@ -449,6 +451,26 @@ static void add_conflux_method(workload *w, const char *name, cfx_arg *a, method
     if (!all_ok) g_failures++;
     zero_tensors(w, a->data);
     ms[(*nm)++] = (method){name, step_conflux, a, all_ok ? "ok" : "FAIL", NULL};
+}
+
+/* conflux_adasum: the conflux step with CFX_OP_ADASUM. Checked once with the same tensors on every
+ * rank, whose adaptive sum is exactly those tensors. */
+static void add_adasum_method(workload *w, cfx_arg *a, method *ms, int *nm) {
+    for (size_t i = 0; i < w->n; i++)
+        for (size_t j = 0; j < w->t[i].count; j++) a->data[i][j] = pattern(0, i, j);
+    step_conflux(w, a);
+    int ok = 1, all_ok = 0;
+    for (size_t i = 0; i < w->n && ok; i++)
+        for (size_t j = 0; j < w->t[i].count && ok; j++)
+            if (a->data[i][j] != pattern(0, i, j)) {
+                fprintf(stderr, "[rank %d] CHECK FAILED %s conflux_adasum: %s element %zu = %g, want %g\n",
+                        g_rank, w->name, w->t[i].name, j, (double)a->data[i][j], (double)pattern(0, i, j));
+                ok = 0;
+            }
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, g_comm);
+    if (!all_ok) g_failures++;
+    zero_tensors(w, a->data);
+    ms[(*nm)++] = (method){"conflux_adasum", step_conflux, a, all_ok ? "ok" : "FAIL", NULL};
 }
 
 /* conflux_gradset: the workload's tensors registered once in a gradient set with owned storage
@@ -515,14 +537,15 @@ typedef struct cfx_context cfx_context;
 /* Runs the workload's methods: Conflux (conflux, conflux_shared) when ctx is set, the MPI baselines
  * when `baselines`. conflux and the baselines share the private tensors; conflux_shared has its own. */
 static void run_workload(workload *w, mode m, cfx_context *ctx, int baselines) {
-    method ms[8];
+    method ms[10];
     int nm = 0;
     flat_arg fa[4] = {{NULL, 0}};
     static const size_t chunks_mib[] = {1, 4, 16};
     static const char *chunk_names[] = {"mpi_chunk_1M", "mpi_chunk_4M", "mpi_chunk_16M"};
     float **priv = alloc_tensors(w, PLACE_PRIVATE), **shared = NULL;
 #if CFX_BENCH_HAVE_CONFLUX
-    cfx_arg ca = {ctx, NULL, priv}, cs = {ctx, NULL, NULL};
+    cfx_arg ca = {ctx, NULL, priv, CFX_OP_SUM}, cs = {ctx, NULL, NULL, CFX_OP_SUM};
+    cfx_arg cad = {ctx, NULL, priv, CFX_OP_ADASUM}; /* the private tensors, as conflux */
     gradset_arg gs = {0};
     if (ctx) {
         ca.h = xmalloc(w->n * sizeof(cfx_handle));
@@ -532,6 +555,10 @@ static void run_workload(workload *w, mode m, cfx_context *ctx, int baselines) {
         add_conflux_method(w, "conflux_shared", &cs, ms, &nm);
         make_gradset(w, ctx, &gs);
         add_gradset_method(w, &gs, ms, &nm);
+        if (!strcmp(w->group, "model")) {
+            cad.h = xmalloc(w->n * sizeof(cfx_handle));
+            add_adasum_method(w, &cad, ms, &nm);
+        }
     }
 #else
     (void)ctx;
@@ -575,6 +602,7 @@ static void run_workload(workload *w, mode m, cfx_context *ctx, int baselines) {
 #if CFX_BENCH_HAVE_CONFLUX
     free(ca.h);
     free(cs.h);
+    free(cad.h);
 #endif
 }
 
