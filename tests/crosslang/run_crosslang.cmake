@@ -2,32 +2,69 @@
 # from C, Java, Lua and Python under mpirun and fails unless every result is bit-identical to C's.
 # -D variables: MPIEXEC NP OUT C_EXE [JAVA JAR JAVA_SRC] [LUA LUA_DIR LUA_SRC] [PYTHON PY_DIR PY_SRC];
 # a language whose variables are empty is skipped (the languages run are reported).
+# -DMODE=gradset (NP unused): one mixed job, one rank per language (C rank 0, then Java, Lua, Python),
+# every rank registering the same gradient set (crosslang.c "gradset"); each program checks every
+# result against the sum over ranks it computes itself, and this script fails unless every rank's
+# results are byte-identical.
 cmake_minimum_required(VERSION 3.25)
 file(REMOVE_RECURSE ${OUT})
 file(MAKE_DIRECTORY ${OUT})
 
 set(langs c)
-set(cmd_c ${C_EXE} ${OUT}/c)
+set(cmd_c ${C_EXE})
 if(JAVA AND JAR)
   list(APPEND langs java)
-  set(cmd_java ${JAVA} -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -cp ${JAR} ${JAVA_SRC} ${OUT}/java)
+  set(cmd_java ${JAVA} -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -cp ${JAR} ${JAVA_SRC})
 endif()
 if(LUA AND LUA_DIR)
   list(APPEND langs lua)
   set(cmd_lua ${CMAKE_COMMAND} -E env "LUA_PATH_5_4=${LUA_DIR}/?.lua\;\;" "LUA_CPATH_5_4=${LUA_DIR}/?.so\;\;"
-      ${LUA} ${LUA_SRC} ${OUT}/lua)
+      ${LUA} ${LUA_SRC})
 endif()
 if(PYTHON AND PY_DIR)
   if(NOT EXISTS ${PY_DIR}/conflux/__init__.py)
     message(FATAL_ERROR "crosslang: the Python binding is configured but ${PY_DIR}/conflux is not built")
   endif()
   list(APPEND langs python)
-  set(cmd_python ${CMAKE_COMMAND} -E env PYTHONPATH=${PY_DIR} ${PYTHON} ${PY_SRC} ${OUT}/python)
+  set(cmd_python ${CMAKE_COMMAND} -E env PYTHONPATH=${PY_DIR} ${PYTHON} ${PY_SRC})
+endif()
+
+if(MODE STREQUAL "gradset")
+  set(job "")
+  foreach(lang IN LISTS langs)
+    if(job)
+      list(APPEND job :)
+    endif()
+    list(APPEND job -n 1 ${cmd_${lang}} gradset ${OUT}/gs)
+  endforeach()
+  list(LENGTH langs nranks)
+  message(STATUS "crosslang: gradient set, one job of ${nranks} ranks: ${langs}")
+  execute_process(COMMAND ${MPIEXEC} --timeout 90 ${job}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "crosslang: the mixed gradient-set job failed (exit ${rc}):\n${out}\n${err}")
+  endif()
+  # 3 steps x (12 float32 + 5 float64 + 6 int32 + 12 float32) = 480 bytes = 960 hex digits
+  file(READ ${OUT}/gs.0.bin ref HEX)
+  string(LENGTH "${ref}" len)
+  if(NOT len EQUAL 960)
+    message(FATAL_ERROR "crosslang: gs.0.bin (${langs}) has ${len} hex digits, expected 960")
+  endif()
+  math(EXPR last "${nranks} - 1")
+  foreach(r RANGE 1 ${last})
+    list(GET langs ${r} lang)
+    file(READ ${OUT}/gs.${r}.bin got HEX)
+    if(NOT got STREQUAL ref)
+      message(FATAL_ERROR "crosslang: rank ${r} (${lang}) gradient-set results differ from rank 0 (c)")
+    endif()
+  endforeach()
+  message(STATUS "crosslang: gradient set from ${langs}: every rank's sums checked and byte-identical")
+  return()
 endif()
 message(STATUS "crosslang: languages: ${langs} (np ${NP})")
 
 foreach(lang IN LISTS langs)
-  execute_process(COMMAND ${MPIEXEC} -n ${NP} --timeout 60 ${cmd_${lang}}
+  execute_process(COMMAND ${MPIEXEC} -n ${NP} --timeout 60 ${cmd_${lang}} ${OUT}/${lang}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "crosslang: ${lang} failed (exit ${rc}):\n${out}\n${err}")
