@@ -241,6 +241,84 @@ int cz_case_gradset(cfx_context *ctx, cfx_compression c, int compressed)
     return failures;
 }
 
+/* Runs SGD on the quadratic through a set with or without error feedback; returns the mean
+ * |w - t| at the end (negative on a failure, counted in *failures). */
+static double quadratic(cfx_context *ctx, cfx_compression c, int feedback, int *failures_out)
+{
+    int failures = 0, rank = cfx_rank(ctx), size = cfx_size(ctx);
+    enum { N = 256, STEPS = 1000 };
+    cfx_gradset_options o;
+    CZ_OK(cfx_gradset_options_init(&o, CFX_GRADSET_OPTIONS_VERSION));
+    o.compression = (int32_t)c;
+    o.error_feedback = feedback;
+    cfx_gradset *set = NULL;
+    CZ_OK(cfx_gradset_create(ctx, feedback ? "cz.quadratic.ef" : "cz.quadratic", &o, &set));
+    int64_t shape = N;
+    int32_t idx = -1;
+    if (set)
+        CZ_OK(cfx_gradset_add(set, "w", &(cfx_tensor){NULL, &shape, 1, CFX_FLOAT32,
+                                                       CFX_DEVICE_CPU, NULL}, &idx));
+    float *g = NULL;
+    if (set)
+        CZ_OK(cfx_gradset_commit(set));
+    if (set)
+        CZ_OK(cfx_gradset_data(set, idx, (void **)&g));
+    double w[N], t[N], err = -1.0;
+    /* Offsets that cancel over all ranks, not within the first half of them (a host). */
+    double big = is_bf16(c) ? 200.0 : 1000.0;
+    double offset = rank < size - 1 ? big : -big * (size - 1);
+    for (int i = 0; i < N; i++) {
+        w[i] = 0.0;
+        t[i] = value(0, 99, (size_t)i) / 8.0;
+    }
+    for (int k = 0; g && k < STEPS && !failures; k++) {
+        for (int i = 0; i < N; i++)
+            g[i] = (float)(w[i] - t[i] + offset);
+        CZ_OK(cfx_gradset_ready(set, idx));
+        CZ_OK(cfx_gradset_wait(set, 60.0));
+        double lr = 0.5 / (1.0 + k / 20.0);
+        for (int i = 0; i < N; i++)
+            w[i] -= lr * g[i]; /* the average: every rank takes the same step */
+    }
+    if (g) {
+        err = 0.0;
+        for (int i = 0; i < N; i++)
+            err += fabs(w[i] - t[i]) / N;
+        failures += identical(ctx, w, sizeof w, feedback ? "quadratic.ef" : "quadratic");
+    }
+    cfx_gradset_free(set);
+    *failures_out += failures;
+    return err;
+}
+
+int cz_case_error_feedback(cfx_context *ctx, cfx_compression c, int compressed)
+{
+    int failures = 0;
+    double plain = quadratic(ctx, c, 0, &failures);
+    double fed = quadratic(ctx, c, 1, &failures);
+    if (compressed) {
+        CZ_CHECK(plain > 0.05, "without error feedback w came within %.4g of t: the rounding did "
+                 "not stall it, so this test shows nothing", plain);
+        CZ_CHECK(fed >= 0.0 && fed < 0.02 && fed < plain / 3,
+                 "with error feedback w is %.4g from t (without: %.4g)", fed, plain);
+    } else {
+        CZ_CHECK(plain >= 0.0 && plain < 0.02 && fed >= 0.0 && fed < 0.02,
+                 "uncompressed, w ends %.4g (no feedback) and %.4g (feedback) from t", plain, fed);
+    }
+    cfx_gradset_options o;
+    CZ_OK(cfx_gradset_options_init(&o, CFX_GRADSET_OPTIONS_VERSION));
+    cfx_gradset *set = NULL;
+    o.error_feedback = 1;
+    CZ_CHECK(cfx_gradset_create(ctx, "cz.ef.none", &o, &set) == CFX_ERR_INVALID_ARGUMENT &&
+             strstr(cfx_last_error(), "error_feedback"), "feedback without compression: %s",
+             cfx_last_error());
+    o.compression = (int32_t)c;
+    o.error_feedback = 2;
+    CZ_CHECK(cfx_gradset_create(ctx, "cz.ef.two", &o, &set) == CFX_ERR_INVALID_ARGUMENT,
+             "error_feedback 2 accepted");
+    return failures;
+}
+
 int cz_case_mismatch(cfx_context *ctx)
 {
     int failures = 0, rank = cfx_rank(ctx);

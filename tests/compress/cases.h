@@ -22,6 +22,12 @@ int cz_case_allreduce(cfx_context *ctx, cfx_compression compression, int compres
 /* A gradient set with compression: two steps, float32 and float64 gradients. Also: version 1
  * options (no compression field) still accepted and left alone past their end. */
 int cz_case_gradset(cfx_context *ctx, cfx_compression compression, int compressed);
+/* Error feedback on a quadratic: SGD on 1/2 |w - t|^2, each rank's gradient w - t plus a large
+ * offset that cancels over ranks (not within a host), with a decaying step. Compressed without
+ * feedback, the rounding of the large partial sums swallows every gradient below about a
+ * quarter of their ulp and w stalls short of t; with feedback w reaches t. Uncompressed, both
+ * reach t. Also: error_feedback without compression, or not 0/1, is refused. */
+int cz_case_error_feedback(cfx_context *ctx, cfx_compression compression, int compressed);
 /* Rank 0 asks for fp16, the others for none: CFX_ERR_MISMATCH on every rank naming the tensor;
  * the same for a gradient set's commit. */
 int cz_case_mismatch(cfx_context *ctx);

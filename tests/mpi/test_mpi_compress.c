@@ -41,7 +41,8 @@ static cfx_context *open_checked(void)
     return ctx;
 }
 
-/* Runs scenario `which` (0 allreduce, 1 gradient set, 2 mismatch, 3 errors) on a fresh context. */
+/* Runs scenario `which` (0 allreduce, 1 gradient set, 2 mismatch, 3 errors, 4 error feedback) on
+ * a fresh context. */
 static void run(int which)
 {
     cfx_context *ctx = open_checked();
@@ -49,7 +50,8 @@ static void run(int which)
     mt_failures += which == 0   ? cz_case_allreduce(ctx, compression(), compressed)
                    : which == 1 ? cz_case_gradset(ctx, compression(), compressed)
                    : which == 2 ? cz_case_mismatch(ctx)
-                                : cz_case_errors(ctx);
+                   : which == 3 ? cz_case_errors(ctx)
+                                : cz_case_error_feedback(ctx, compression(), compressed);
     mt_close(ctx);
     mt_finish();
 }
@@ -58,6 +60,7 @@ static void allreduce(void **state) { (void)state; run(0); }
 static void gradset(void **state) { (void)state; run(1); }
 static void mismatch(void **state) { (void)state; run(2); }
 static void errors(void **state) { (void)state; run(3); }
+static void error_feedback(void **state) { (void)state; run(4); }
 
 int main(int argc, char **argv)
 {
@@ -66,6 +69,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(gradset),
         cmocka_unit_test(mismatch),
         cmocka_unit_test(errors),
+        cmocka_unit_test(error_feedback),
     };
     return MT_RUN(argc, argv, tests);
 }

@@ -14,7 +14,7 @@
 #include "support.h"
 
 typedef struct run_arg {
-    int which; /* 0 allreduce, 1 gradset, 2 mismatch, 3 errors */
+    int which; /* 0 allreduce, 1 gradset, 2 mismatch, 3 errors, 4 error feedback */
     cfx_compression compression;
     int compressed;
 } run_arg;
@@ -27,7 +27,8 @@ static int run_case(cfx_context *ctx, int rank, int size, void *arg)
     case 0: return cz_case_allreduce(ctx, a->compression, a->compressed);
     case 1: return cz_case_gradset(ctx, a->compression, a->compressed);
     case 2: return cz_case_mismatch(ctx);
-    default: return cz_case_errors(ctx);
+    case 3: return cz_case_errors(ctx);
+    default: return cz_case_error_feedback(ctx, a->compression, a->compressed);
     }
 }
 
@@ -57,6 +58,12 @@ static void gradset_everywhere(void **state)
 }
 static void gradset_one_host(void **state) { (void)state; each_size(1, CFX_COMPRESSION_BF16, 0); }
 static void mismatch(void **state) { (void)state; each_size(2, CFX_COMPRESSION_NONE, 0); }
+static void feedback_everywhere(void **state)
+{
+    (void)state;
+    each_size(4, CFX_COMPRESSION_FP16_EVERYWHERE, 1);
+}
+static void feedback_one_host(void **state) { (void)state; each_size(4, CFX_COMPRESSION_FP16, 0); }
 static void errors(void **state) { (void)state; each_size(3, CFX_COMPRESSION_NONE, 0); }
 
 int main(void)
@@ -66,6 +73,7 @@ int main(void)
         cmocka_unit_test(fp16_everywhere),    cmocka_unit_test(bf16_everywhere),
         cmocka_unit_test(gradset_everywhere), cmocka_unit_test(gradset_one_host),
         cmocka_unit_test(mismatch),           cmocka_unit_test(errors),
+        cmocka_unit_test(feedback_everywhere), cmocka_unit_test(feedback_one_host),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -411,6 +411,9 @@ typedef struct cfx_gradset_options {
     int32_t owned;            /* default 1: Conflux allocates every gradient in shared memory */
     int32_t accumulate_steps; /* default 1: local passes summed before one reduction */
     int32_t compression;      /* since version 2: cfx_compression, default NONE */
+    int32_t error_feedback;   /* since version 2, default 0; 1 (with compression): each rank keeps
+                               * what rounding took from the values it packed and adds it to the
+                               * next step's (buckets then go out one by one) */
     /* appended later, never reordered */
 } cfx_gradset_options;
 

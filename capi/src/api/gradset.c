@@ -48,8 +48,10 @@ cfx_status cfx_gradset_options_init(cfx_gradset_options *opts, uint32_t version)
     opts->bucket_bytes = 0;
     opts->owned = 1;
     opts->accumulate_steps = 1;
-    if (version >= 2)
+    if (version >= 2) {
         opts->compression = CFX_COMPRESSION_NONE;
+        opts->error_feedback = 0;
+    }
     return CFX_OK;
 }
 
@@ -73,6 +75,12 @@ static cfx_status check_options(const cfx_gradset_options *o, uint8_t *wire)
         cfx_status st = cx_compression_wire(fn, o->compression, wire);
         if (st)
             return st;
+        if (o->error_feedback != 0 && o->error_feedback != 1)
+            return cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: error_feedback is %d (0 or 1)", fn,
+                           o->error_feedback);
+        if (o->error_feedback && !*wire)
+            return cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: error_feedback needs a compression (it "
+                           "is none)", fn);
     }
     if (o->version != 1 && o->version != CFX_GRADSET_OPTIONS_VERSION)
         return cx_fail(CFX_ERR_VERSION, "%s: options version %u is not known to this library "
@@ -130,6 +138,7 @@ cfx_status cfx_gradset_create(cfx_context *ctx, const char *name, const cfx_grad
     s->owned = o->owned;
     s->accumulate_steps = o->accumulate_steps;
     s->compression = wire;
+    s->error_feedback = o->version >= 2 ? o->error_feedback : 0;
     *out = s;
     return CFX_OK;
 }
@@ -509,6 +518,15 @@ static cfx_status plan(cfx_gradset *s, const reg_grad *order, uint32_t count)
     }
     if (s->owned && total)
         memset(s->storage, 0, total);
+    size_t residual_bytes = 0;
+    for (int32_t b = 0; s->error_feedback && b < nb; b++)
+        residual_bytes += s->buckets[b].bytes;
+    if (s->error_feedback && !(s->residual = calloc(1, residual_bytes + 1))) {
+        free(canon);
+        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for the residuals of gradient set "
+                       "'%s' (%zu bytes)", s->name, residual_bytes);
+    }
+    residual_bytes = 0;
     size_t at = 0, item = 0;
     uint32_t k = 0;
     for (int32_t b = 0; b < nb; b++) {
@@ -516,6 +534,10 @@ static cfx_status plan(cfx_gradset *s, const reg_grad *order, uint32_t count)
         char *bname = s->item_names + (size_t)b * name_len;
         snprintf(bname, name_len, "%s.bucket%d", s->name, b);
         bk->first_item = item;
+        if (s->residual) {
+            bk->residual = (char *)s->residual + residual_bytes;
+            residual_bytes += bk->bytes;
+        }
         if (s->owned) {
             bk->data = (char *)s->storage + at;
             at += (bk->bytes + 63) & ~(size_t)63;

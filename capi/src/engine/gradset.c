@@ -66,6 +66,7 @@ void cx_gradset_destroy(cfx_gradset *set)
     free(set->item_names);
     if (set->storage)
         cx_pool_free(set->storage);
+    free(set->residual);
     pthread_mutex_destroy(&set->mu);
     pthread_cond_destroy(&set->done_cv);
     free(set->name);
@@ -295,6 +296,7 @@ static cfx_status run_buckets(cfx_gradset *s, int32_t b0, int32_t b1, cx_exec *x
     if (timed)
         tl[0] = tl[1] = cx_timeline_now();
     cfx_status st;
+    x->residual = first->residual; /* consecutive buckets' residuals are back to back */
     if (first->device == CFX_DEVICE_CPU)
         st = cx_exec_allreduce_host(x, &batch, tl);
     else if (x->device_ops)
@@ -302,6 +304,7 @@ static cfx_status run_buckets(cfx_gradset *s, int32_t b0, int32_t b1, cx_exec *x
     else
         st = cx_fail(CFX_ERR_UNSUPPORTED, "gradient set '%s': no device data path in this engine",
                      s->name);
+    x->residual = NULL;
     if (timed && !st) {
         double t3 = cx_timeline_now();
         for (int32_t b = b0; b < b1; b++) {
@@ -336,7 +339,9 @@ static cfx_status run_set(cfx_gradset *s, const uint64_t *w, cx_exec *x, bool *p
             continue;
         }
         int32_t end = b + 1;
-        while (end < s->nbuckets && bit_set(w, 1 + (size_t)end) &&
+        /* Error feedback: one bucket per batch, so each element is packed by the same local rank
+         * every step (the blocks a batch is cut into depend on its size) and its residual is here. */
+        while (!s->residual && end < s->nbuckets && bit_set(w, 1 + (size_t)end) &&
                s->buckets[end].dtype == s->buckets[b].dtype &&
                s->buckets[end].device == s->buckets[b].device)
             end++;

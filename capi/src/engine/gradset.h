@@ -54,6 +54,7 @@ typedef struct cx_bucket {
     int32_t dtype, device;
     size_t elements, bytes;
     void *data;               /* owned: the bucket's contiguous block; borrowed: NULL */
+    void *residual;           /* error feedback: this bucket's residuals (elements of its dtype) */
     int32_t ngrads;
     atomic_int pending;       /* gradients not yet ready this step */
     atomic_int state;         /* CX_BUCKET_* */
@@ -70,6 +71,8 @@ struct cfx_gradset {
     int32_t op, owned, accumulate_steps;
     double prescale, postscale;
     uint8_t compression;      /* cfx_compression's wire value (kernels/compress.h) */
+    int32_t error_feedback;   /* keep rounding residuals (needs compression) */
+    void *residual;           /* error feedback: every bucket's residuals, back to back (zeroed) */
     int64_t bucket_bytes;
     /* Registration (this rank's order of cfx_gradset_add). */
     cx_grad *grads;

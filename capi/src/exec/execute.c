@@ -281,7 +281,9 @@ static cfx_status compressed_chunks(cx_exec *x, const void *src, void *dst, size
     cfx_status st = reserve(&x->scratch, &x->scratch_cap, (n < step ? n : step) * 2 + 2);
     for (size_t off = 0; off < n && !st; off += step) {
         size_t len = n - off < step ? n - off : step;
-        cx_compress_pack(x->scratch, (const char *)src + off * esize, len, dtype, half, prescale);
+        void *residual = x->residual ? (char *)x->residual + off * esize : NULL;
+        cx_compress_pack(x->scratch, (const char *)src + off * esize, residual, len, dtype, half,
+                         prescale);
         st = t->ops->allreduce(t, x->scratch, len, half, op);
         if (!st)
             cx_compress_unpack((char *)dst + off * esize, x->scratch, len, dtype, half, postscale);
@@ -429,7 +431,8 @@ cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_allreduce_batch *b, doubl
         if (!st) {
             TL_STAMP(tl, 1);
             st = cx_shm_allreduce_wire(x->shm, x->transport, segs, n, dtype, op, pre, post,
-                                       x->hierarchical, cx_compression_leg(wire, dtype, true));
+                                       x->hierarchical, cx_compression_leg(wire, dtype, true),
+                                       x->residual);
             TL_STAMP(tl, 2);
             const char *why;
             int direct = cx_shm_direct_state(x->shm, &why);

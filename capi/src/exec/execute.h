@@ -35,6 +35,8 @@ typedef struct cx_exec {
     void *scratch;        /* staging for deterministic reductions and joined ranks */
     size_t scratch_cap;
     struct cx_shm *shm;   /* the shared-memory path (owned by the context), or NULL */
+    void *residual;       /* set by a gradient set with error feedback for one batch: what
+                             rounding took from each element this rank packs (kernels/compress.h) */
     struct cx_adasum *adasum; /* Adasum's buffers (adasum.h), made by its first batch, or NULL */
     bool hierarchical;    /* shm reduces within the host, MPI across hosts */
     int direct_logged;    /* the shm direct path's state last logged (cx_shm_direct_state) */

@@ -474,14 +474,14 @@ static void direct_write(const cx_shm *s, const cx_segment *segs, batch_pos *p, 
  * (its 16-bit ops widen, add and round back) and unpacked. The block is chunk-sized and was just
  * reduced, so both conversions run on cache-resident data. */
 static cfx_status cross_leg(cx_shm *s, cx_transport *t, void *buf, size_t count, cfx_dtype dtype,
-                            cfx_reduce_op op, int wire)
+                            cfx_reduce_op op, int wire, void *residual)
 {
     if (wire < 0)
         return t->ops->cross_allreduce(t, buf, count, dtype, op);
     if (!s->wire16 && !(s->wire16 = malloc(s->chunk / 2 + sizeof(uint16_t))))
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for a compressed block (%zu bytes)",
                        s->chunk / 2);
-    cx_compress_pack(s->wire16, buf, count, dtype, (cfx_dtype)wire, 1.0);
+    cx_compress_pack(s->wire16, buf, residual, count, dtype, (cfx_dtype)wire, 1.0);
     cfx_status st = t->ops->cross_allreduce(t, s->wire16, count, (cfx_dtype)wire, op);
     if (!st)
         cx_compress_unpack(buf, s->wire16, count, dtype, (cfx_dtype)wire, 1.0);
@@ -499,7 +499,7 @@ static cfx_status cross_leg(cx_shm *s, cx_transport *t, void *buf, size_t count,
  * the only barrier is the one at the end. */
 static cfx_status direct_allreduce(cx_shm *s, cx_transport *t, const cx_segment *segs, size_t n,
                                    cfx_dtype dtype, cfx_reduce_op op, double postscale,
-                                   bool hierarchical, int wire)
+                                   bool hierarchical, int wire, uint8_t *residual)
 {
     size_t esize = cfx_dtype_size(dtype);
     batch_pos rd = {0, 0}, wr = {0, 0}; /* where the reads and the writes have got to */
@@ -519,7 +519,8 @@ static cfx_status direct_allreduce(cx_shm *s, cx_transport *t, const cx_segment 
             size_t hi = off + block_start(count, s->nlocal, s->me + 1);
             direct_reduce(s, segs, &rd, lo, hi, s->piece, dtype, op);
             /* Ranks with an empty block still call, so the cross communicator's calls match. */
-            st = cross_leg(s, t, s->piece, hi - lo, dtype, op, wire);
+            st = cross_leg(s, t, s->piece, hi - lo, dtype, op, wire,
+                           residual ? residual + lo * esize : NULL);
             if (!st)
                 direct_write(s, segs, &wr, lo, hi, s->piece, dtype, postscale);
         }
@@ -533,12 +534,12 @@ cfx_status cx_shm_allreduce(cx_shm *s, cx_transport *t, const cx_segment *segs, 
                             bool hierarchical)
 {
     return cx_shm_allreduce_wire(s, t, segs, nsegs, dtype, op, prescale, postscale, hierarchical,
-                                 -1);
+                                 -1, NULL);
 }
 
 cfx_status cx_shm_allreduce_wire(cx_shm *s, cx_transport *t, const cx_segment *segs,
                                  size_t nsegs, cfx_dtype dtype, cfx_reduce_op op, double prescale,
-                                 double postscale, bool hierarchical, int wire)
+                                 double postscale, bool hierarchical, int wire, void *residual)
 {
     size_t esize = cfx_dtype_size(dtype);
     size_t per_chunk = s->chunk / esize;
@@ -577,7 +578,7 @@ cfx_status cx_shm_allreduce_wire(cx_shm *s, cx_transport *t, const cx_segment *s
                 setup_direct(s);
             if (takers == s->nlocal && s->direct == DIRECT_READY)
                 return direct_allreduce(s, t, segs, n, dtype, op, postscale, hierarchical,
-                                        wire);
+                                        wire, residual);
             if (takers) { /* some ranks skipped their copy in */
                 if (offered)
                     copy_in_chunk(s, k, segs, &in_first, &own, count, lo, hi, stage_own, false,
@@ -605,7 +606,9 @@ cfx_status cx_shm_allreduce_wire(cx_shm *s, cx_transport *t, const cx_segment *s
         if (hierarchical) {
             /* Every local rank sends its own block across hosts: all links work at once. Ranks
              * with an empty block still call, so the cross communicator's calls match. */
-            cfx_status st = cross_leg(s, t, res + lo * esize, hi - lo, dtype, op, wire);
+            void *own_residual = residual ? (uint8_t *)residual + (off + lo) * esize : NULL;
+            cfx_status st = cross_leg(s, t, res + lo * esize, hi - lo, dtype, op, wire,
+                                      own_residual);
             if (st)
                 return st;
             out_op.buf = res + lo * esize;

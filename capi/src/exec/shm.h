@@ -70,9 +70,11 @@ cfx_status cx_shm_allreduce(cx_shm *s, cx_transport *t, const cx_segment *segs, 
                             bool hierarchical);
 
 /* The same, with the cross-host leg compressed: `wire` >= 0 is the 16-bit dtype it travels in
- * (cx_compression_leg; float32/float64 tensors only), -1 the tensors' own. */
+ * (cx_compression_leg; float32/float64 tensors only), -1 the tensors' own. `residual` (NULL, or
+ * one element per element of the batch: error feedback) is read and rewritten where this rank
+ * packs, its own blocks. */
 cfx_status cx_shm_allreduce_wire(cx_shm *s, cx_transport *t, const cx_segment *segs,
                                  size_t nsegs, cfx_dtype dtype, cfx_reduce_op op, double prescale,
-                                 double postscale, bool hierarchical, int wire);
+                                 double postscale, bool hierarchical, int wire, void *residual);
 
 #endif /* CFX_SHM_H */

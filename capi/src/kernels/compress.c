@@ -58,10 +58,39 @@ int cx_compression_leg(uint8_t c, cfx_dtype dtype, bool cross_host)
     return bf16 ? CFX_BFLOAT16 : CFX_FLOAT16;
 }
 
-void cx_compress_pack(uint16_t *dst16, const void *src, size_t count, cfx_dtype dtype,
-                      cfx_dtype wire, double factor)
+static float widen(uint16_t h, bool bf) { return bf ? cx_bf16_to_f32(h) : cx_f16_to_f32(h); }
+
+/* cx_compress_pack with error feedback. */
+static void pack_feedback(uint16_t *dst16, const void *src, void *residual, size_t count,
+                          cfx_dtype dtype, bool bf, double factor)
+{
+    if (dtype == CFX_FLOAT32) {
+        const float *s = src;
+        float *e = residual, f = (float)factor;
+        for (size_t i = 0; i < count; i++) {
+            float v = (factor == 1.0 ? s[i] : s[i] * f) + e[i];
+            dst16[i] = bf ? cx_f32_to_bf16(v) : cx_f32_to_f16(v);
+            e[i] = v - widen(dst16[i], bf);
+        }
+    } else {
+        const double *s = src;
+        double *e = residual;
+        for (size_t i = 0; i < count; i++) {
+            double v = s[i] * factor + e[i];
+            dst16[i] = bf ? cx_f32_to_bf16((float)v) : cx_f32_to_f16((float)v);
+            e[i] = v - (double)widen(dst16[i], bf);
+        }
+    }
+}
+
+void cx_compress_pack(uint16_t *dst16, const void *src, void *residual, size_t count,
+                      cfx_dtype dtype, cfx_dtype wire, double factor)
 {
     bool bf = wire == CFX_BFLOAT16;
+    if (residual) {
+        pack_feedback(dst16, src, residual, count, dtype, bf, factor);
+        return;
+    }
     if (dtype == CFX_FLOAT32) {
         const float *s = src;
         float f = (float)factor;

@@ -32,9 +32,11 @@ const char *cx_compression_name(uint8_t c);
  * sends the tensor's own dtype (no compression, or the leg is cheap and not forced). */
 int cx_compression_leg(uint8_t c, cfx_dtype dtype, bool cross_host);
 
-/* dst16[i] = round(src[i] * factor) in `wire` (CFX_FLOAT16/CFX_BFLOAT16), src float32/64. */
-void cx_compress_pack(uint16_t *dst16, const void *src, size_t count, cfx_dtype dtype,
-                      cfx_dtype wire, double factor);
+/* dst16[i] = round(src[i] * factor) in `wire` (CFX_FLOAT16/CFX_BFLOAT16), src float32/64.
+ * With `residual` (count elements of dtype, error feedback): the residual is added before the
+ * rounding and replaced by what the rounding took, v - widen(dst16[i]). */
+void cx_compress_pack(uint16_t *dst16, const void *src, void *residual, size_t count,
+                      cfx_dtype dtype, cfx_dtype wire, double factor);
 /* dst[i] = widen(src16[i]) * factor (in float32 for float32, in float64 for float64). */
 void cx_compress_unpack(void *dst, const uint16_t *src16, size_t count, cfx_dtype dtype,
                         cfx_dtype wire, double factor);
