@@ -6,8 +6,9 @@
 Seeds are synthetic per-rank timelines (tests/observe/synth.py); each iteration mutates one, at
 the event level (a field deleted or given a value of another type, an event dropped or repeated)
 or the byte level (bytes changed, cut, inserted), and runs the summariser on it (--json). The
-tool may refuse an input (a message and exit status 1, or argparse's exit); any other exception
-is a finding. Findings are grouped by exception and place, with one input each written to DIR.
+tool may refuse an input (a message and exit status 1, or argparse's exit); any other exception,
+or a run longer than --limit seconds, is a finding. Findings are grouped by exception and place,
+with one input each written to DIR.
 Exit status 1 when there are findings. Not in ctest: docs/fuzzing.md says why."""
 import argparse
 import collections
@@ -16,6 +17,7 @@ import io
 import json
 import os
 import random
+import signal
 import sys
 import tempfile
 import traceback
@@ -74,12 +76,22 @@ def mutate_bytes(rng, text):
     return bytes(b).decode("utf-8", errors="replace")
 
 
+class TooSlow(Exception):
+    pass
+
+
+def too_slow(signum, frame):
+    raise TooSlow()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--iterations", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default=tempfile.mkdtemp(prefix="cfx-timeline-fuzz-"))
+    ap.add_argument("--limit", type=float, default=10.0, help="seconds one input may take")
     a = ap.parse_args()
+    signal.signal(signal.SIGALRM, too_slow)
     rng = random.Random(a.seed)
     pool = seeds()
     found, example = collections.Counter(), {}
@@ -89,16 +101,22 @@ def main():
         text = mutate_events(rng, events) if rng.random() < 0.6 else mutate_bytes(rng, json.dumps(events))
         with open(path, "w") as f:
             f.write(text)
+        signal.setitimer(signal.ITIMER_REAL, a.limit)
         try:
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                 summarise([path, "--json"])
         except SystemExit:
             pass
         except Exception as e:  # noqa: BLE001: any other exception is what this loop looks for
-            last = traceback.extract_tb(e.__traceback__)[-1]
-            key = "%s at %s:%d" % (type(e).__name__, os.path.basename(last.filename), last.lineno)
+            frames = traceback.extract_tb(e.__traceback__)
+            slow = isinstance(e, TooSlow)
+            last = frames[-2] if slow and len(frames) > 1 else frames[-1]  # not the handler
+            what = "over %gs" % a.limit if slow else type(e).__name__
+            key = "%s at %s:%d" % (what, os.path.basename(last.filename), last.lineno)
             found[key] += 1
             example.setdefault(key, (str(e)[:100], text))
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
     os.remove(path)
     print("timeline_loop: %d inputs, %d findings in %d places" % (a.iterations, sum(found.values()),
                                                                  len(found)))
