@@ -457,7 +457,8 @@ static cfx_status check_group_tensor(cfx_context *ctx, const group_args *a, cons
     if (!st && a->op == CFX_OP_ADASUM && (a->coll == CX_ALLREDUCE || a->coll == CX_REDUCESCATTER))
         st = check_adasum(a->fn, what, t, a->coll);
     if (!st && a->compression)
-        st = cx_compression_check(a->fn, what, (cfx_dtype)t->dtype, a->op, a->compression);
+        st = cx_compression_check(a->fn, what, (cfx_dtype)t->dtype, a->op, t->device,
+                                  a->compression);
     if (!st && a->coll != CX_ALLREDUCE && t->ndim == 0)
         st = cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: %s: a scalar (ndim 0) has no first "
                      "dimension to %s along", a->fn, what,

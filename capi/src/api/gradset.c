@@ -194,7 +194,7 @@ cfx_status cfx_gradset_add(cfx_gradset *set, const char *name, const cfx_tensor 
         char what[NAME_MAX_BYTES + 16];
         snprintf(what, sizeof what, "gradient '%s'", name);
         st = cx_compression_check(fn, what, (cfx_dtype)grad->dtype, (cfx_reduce_op)set->op,
-                                  set->compression);
+                                  grad->device, set->compression);
         if (st)
             return st;
     }

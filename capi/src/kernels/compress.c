@@ -25,10 +25,13 @@ cfx_status cx_compression_wire(const char *fn, int32_t value, uint8_t *out)
 }
 
 cfx_status cx_compression_check(const char *fn, const char *what, cfx_dtype dtype,
-                                cfx_reduce_op op, uint8_t c)
+                                cfx_reduce_op op, int32_t device, uint8_t c)
 {
     if (c == CFX_COMPRESSION_NONE)
         return CFX_OK;
+    if (device != CFX_DEVICE_CPU)
+        return cx_fail(CFX_ERR_UNSUPPORTED, "%s: %s: compression takes host tensors (this one is "
+                       "on CUDA device %d)", fn, what, (int)device);
     if (dtype != CFX_FLOAT32 && dtype != CFX_FLOAT64)
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: %s: %s compression takes float32 and float64 "
                        "tensors, not %s", fn, what, cx_compression_name(c),

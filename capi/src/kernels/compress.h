@@ -19,10 +19,11 @@
 /* Validates a caller's cfx_compression value and gives its wire value (fn names the call). */
 cfx_status cx_compression_wire(const char *fn, int32_t value, uint8_t *out);
 
-/* Whether tensor `what` (dtype, op) may be sent with wire value `c` (CFX_ERR_INVALID_ARGUMENT
- * naming it if not: float32 and float64 only, sum/average/min/max/product, not Adasum). */
+/* Whether tensor `what` (dtype, op, device) may be sent with wire value `c`: float32 and float64
+ * host tensors, sum/average/min/max/product, not Adasum (CFX_ERR_INVALID_ARGUMENT naming it; a
+ * device tensor: CFX_ERR_UNSUPPORTED, the device paths do not compress). */
 cfx_status cx_compression_check(const char *fn, const char *what, cfx_dtype dtype,
-                                cfx_reduce_op op, uint8_t c);
+                                cfx_reduce_op op, int32_t device, uint8_t c);
 
 /* "none", "fp16", "bf16", "fp16 everywhere", "bf16 everywhere"; "unknown" out of range. */
 const char *cx_compression_name(uint8_t c);
