@@ -21,6 +21,7 @@ import numpy as _np
 
 from . import _capi
 from . import _core
+from . import _dlpack
 from . import _ops
 from ._core import (  # noqa: F401  (re-exported API)
     Adasum, Average, Handle, Max, Min, Product, Sum,
@@ -80,8 +81,11 @@ def _describe(a, what="array"):
 
 
 def _inplace(a, what="array"):
+    if _dlpack.supports(a):
+        a = _dlpack.as_ndarray(a, "in-place " + what)
     if not isinstance(a, _np.ndarray):
-        raise TypeError("in-place %s needs a numpy.ndarray, not %s" % (what, type(a).__name__))
+        raise TypeError("in-place %s needs a numpy.ndarray or a DLPack tensor, not %s"
+                        % (what, type(a).__name__))
     _dtype_code(a.dtype)
     if not a.flags.c_contiguous:
         raise ValueError("in-place %s needs a C-contiguous array" % what)
@@ -93,7 +97,9 @@ def _inplace(a, what="array"):
 def _input(a, what):
     """An ndarray for an out-of-place input: the caller's array itself when it is C-contiguous.
     `what` (the op) goes unused: numpy's errors here name the dtype."""
-    if not isinstance(a, _np.ndarray):
+    if _dlpack.supports(a):
+        a = _dlpack.as_ndarray(a, what)
+    elif not isinstance(a, _np.ndarray):
         a = _np.asarray(a)
     _dtype_code(a.dtype)
     if not a.flags.c_contiguous:

@@ -85,7 +85,8 @@ class GradientSet:
     def add(self, name, shape=None, dtype=_np.float32, array=None):
         """Registers one gradient and returns its index (this rank's order of adds). Owned sets:
         `shape` and `dtype`, the array comes from array() after commit(). Borrowed sets: `array`,
-        a C-contiguous writeable numpy array that holds the gradient every step."""
+        a C-contiguous writeable numpy array that holds the gradient every step (or any CPU DLPack
+        object, held as a numpy view of its memory)."""
         native = self._live()
         if self._committed:
             raise _core.InvalidArgumentError("gradient set '%s' is committed; add() comes before "
@@ -109,7 +110,7 @@ class GradientSet:
             if array is None:
                 raise ValueError("gradient set '%s' is borrowed (owned=False): add('%s') needs "
                                  "array=" % (self.name, gname))
-            _inplace(array, "gradient '%s'" % gname)
+            array = _inplace(array, "gradient '%s'" % gname)   # a DLPack object: an ndarray view
             dtype, shape = array.dtype, array.shape
             desc = _describe(array, "gradient '%s'" % gname)
         index = _capi.cfx_gradset_add(native.ptr, gname, desc)
