@@ -479,6 +479,39 @@ static int ad_case_errors(cfx_context *ctx)
     return failures;
 }
 
+/* An Adasum batch that rank 1 fails before its collective (CFX_TEST_FAIL=1:ad.fail, set by the
+ * harness): every rank fails it with the injected status naming rank 1, nobody waits for a peer,
+ * and the next Adasum allreduce is right. Without CFX_TEST_FAIL the same batch succeeds. */
+static int ad_case_failure(cfx_context *ctx)
+{
+    const char *inject = getenv("CFX_TEST_FAIL");
+    int failures = 0, rank = cfx_rank(ctx), size = cfx_size(ctx);
+    int injected = inject && strstr(inject, "ad.fail") && size > 1;
+    uint64_t hash = 1469598103934665603ull;
+    tcase c;
+    tc_init(&c, "ad.fail.t", CFX_FLOAT32, 100, 800, RANDOM);
+    tc_fill(&c, rank, size, 0, 0);
+    cfx_tensor x = tc_tensor(&c);
+    cfx_handle h;
+    AD_OK(cfx_allreduce_async(ctx, c.name, &x, NULL, CFX_OP_ADASUM, 1.0, 1.0, &h));
+    cfx_status st = cfx_wait(ctx, h, 60);
+    const char *msg = cfx_handle_message(ctx, h);
+    if (injected)
+        AD_CHECK(st == CFX_ERR_OUT_OF_MEMORY && strstr(msg, "rank 1") && strstr(msg, "injected"),
+                 "the injected failure: %s: %s", cfx_status_string(st), msg);
+    else
+        AD_CHECK(st == CFX_OK, "%s: %s", cfx_status_string(st), msg);
+    cfx_handle_release(ctx, h);
+    if (!injected)
+        failures += tc_check(ctx, &c, 0, -1, &hash);
+    tc_free(&c);
+    tcase after;
+    tc_init(&after, "ad.after", CFX_FLOAT64, 77, 801, RANDOM);
+    failures += run_cases(ctx, &after, 1, 0, &hash);
+    tc_free(&after);
+    return failures;
+}
+
 static int ad_case_gradset_owned(cfx_context *ctx) { return ad_case_gradset(ctx, 1); }
 static int ad_case_gradset_borrowed(cfx_context *ctx) { return ad_case_gradset(ctx, 0); }
 
@@ -489,6 +522,7 @@ const ad_case ad_cases[] = {
     {"gradset_owned", ad_case_gradset_owned},
     {"gradset_borrowed", ad_case_gradset_borrowed},
     {"join", ad_case_join},
+    {"failure", ad_case_failure},
     {"errors", ad_case_errors},
 };
 const size_t ad_ncases = sizeof ad_cases / sizeof ad_cases[0];

@@ -36,6 +36,8 @@ extern int ad_host_size;
  * - gradset_owned, gradset_borrowed: a gradient set with op Adasum (owned storage: several
  *   gradients per bucket), each gradient combined with its own dot products; two steps;
  * - join: the last rank joins first: its zeros are Adasum's identity;
+ * - failure: with CFX_TEST_FAIL=1:ad.fail rank 1 fails an Adasum batch before its collective: every
+ *   rank fails it naming rank 1, and the next Adasum allreduce is right (without it: succeeds);
  * - errors: local refusals with CFX_ERR_UNSUPPORTED naming the tensor: integer and bool dtypes,
  *   reducescatter, a grouped call with an integer member, an integer gradient in an Adasum set. */
 typedef struct ad_case {
