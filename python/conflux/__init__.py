@@ -81,11 +81,11 @@ def _describe(a, what="array"):
 
 
 def _inplace(a, what="array"):
-    if _dlpack.supports(a):
-        a = _dlpack.as_ndarray(a, "in-place " + what)
     if not isinstance(a, _np.ndarray):
-        raise TypeError("in-place %s needs a numpy.ndarray or a DLPack tensor, not %s"
-                        % (what, type(a).__name__))
+        if not _dlpack.supports(a):
+            raise TypeError("in-place %s needs a numpy.ndarray or a DLPack tensor, not %s"
+                            % (what, type(a).__name__))
+        a = _dlpack.as_ndarray(a, "in-place " + what)
     _dtype_code(a.dtype)
     if not a.flags.c_contiguous:
         raise ValueError("in-place %s needs a C-contiguous array" % what)
@@ -97,10 +97,8 @@ def _inplace(a, what="array"):
 def _input(a, what):
     """An ndarray for an out-of-place input: the caller's array itself when it is C-contiguous.
     `what` (the op) goes unused: numpy's errors here name the dtype."""
-    if _dlpack.supports(a):
-        a = _dlpack.as_ndarray(a, what)
-    elif not isinstance(a, _np.ndarray):
-        a = _np.asarray(a)
+    if not isinstance(a, _np.ndarray):
+        a = _dlpack.as_ndarray(a, what) if _dlpack.supports(a) else _np.asarray(a)
     _dtype_code(a.dtype)
     if not a.flags.c_contiguous:
         a = _np.ascontiguousarray(a)
