@@ -313,11 +313,36 @@ static void free_entries(cx_entry **entries, size_t n)
 }
 
 /* Creates the handle, pushes the entries and returns the handle; on failure frees everything. */
+/* Device tensors: each one's ready point is recorded on its stream here, on the caller's thread
+ * (docs/gpu.md), so Conflux's stream later waits for exactly the work queued before the call,
+ * not for what the caller queues after it, and a per-thread default stream means the caller's. */
+static cfx_status record_ready_events(cx_entry **entries, size_t n)
+{
+#if defined(CFX_HAVE_CUDA) && CFX_HAVE_CUDA
+    for (size_t i = 0; i < n; i++) {
+        cx_entry *e = entries[i];
+        if (e->req.device == CFX_DEVICE_CPU || e->ready_event)
+            continue;
+        cfx_status st = cx_cuda_record_ready(e->req.device, e->stream, &e->ready_event);
+        if (st) {
+            char why[CX_ERROR_MAX];
+            snprintf(why, sizeof why, "%s", cx_error_message());
+            return cx_fail(st, "tensor '%s': %s", e->req.name, why);
+        }
+    }
+#else
+    (void)entries, (void)n;
+#endif
+    return CFX_OK;
+}
+
 static cfx_status submit(cfx_context *ctx, cx_entry **entries, size_t n, size_t noutputs,
                          cfx_handle *out)
 {
     cfx_handle h;
-    cfx_status st = cx_handles_create(&ctx->handles, n, noutputs, &h);
+    cfx_status st = record_ready_events(entries, n);
+    if (!st)
+        st = cx_handles_create(&ctx->handles, n, noutputs, &h);
     if (st) {
         free_entries(entries, n);
         return st;

@@ -248,6 +248,35 @@ extern "C" bool cx_cuda_stream_is_per_thread(const void *stream)
     return stream == (const void *)cudaStreamPerThread;
 }
 
+extern "C" cfx_status cx_cuda_record_ready(int device, void *stream, void **out)
+{
+    *out = NULL;
+    int prev = -1;
+    cudaError_t e = cudaGetDevice(&prev);
+    if (e == cudaSuccess && prev != device)
+        e = cudaSetDevice(device);
+    cudaEvent_t ev = NULL;
+    if (e == cudaSuccess)
+        e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (e == cudaSuccess)
+        e = cudaEventRecord(ev, (cudaStream_t)stream);
+    if (prev >= 0 && prev != device)
+        (void)cudaSetDevice(prev);
+    if (e != cudaSuccess) {
+        if (ev)
+            (void)cudaEventDestroy(ev);
+        return cuda_fail(e, "recording a device tensor's ready event on its stream");
+    }
+    *out = ev;
+    return CFX_OK;
+}
+
+extern "C" cfx_status cx_cuda_stream_wait(void *stream, void *event)
+{
+    CUDA_TRY(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0));
+    return CFX_OK;
+}
+
 extern "C" cfx_status cx_cuda_event_create(void **out)
 {
     cudaEvent_t ev = NULL;

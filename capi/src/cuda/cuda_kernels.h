@@ -91,6 +91,14 @@ cfx_status cx_cuda_stream_sync(void *stream);
  * default stream" and so names another stream on every thread. */
 bool cx_cuda_stream_is_per_thread(const void *stream);
 
+/* The ready point of a device tensor, taken at submission on the calling thread: a new event
+ * recorded on `stream` with `device` current for the call (the caller's current device is put
+ * back). On the caller's thread a per-thread default stream (cudaStreamPerThread) means the
+ * caller's own. *out gets the event (cx_cuda_event_destroy frees it). */
+cfx_status cx_cuda_record_ready(int device, void *stream, void **out);
+/* Makes `stream` wait on `event` (no host wait). */
+cfx_status cx_cuda_stream_wait(void *stream, void *event);
+
 /* An event without timing (cheap to record and wait on). */
 cfx_status cx_cuda_event_create(void **out);
 void cx_cuda_event_destroy(void *event);            /* accepts NULL */

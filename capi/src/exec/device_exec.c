@@ -348,6 +348,10 @@ static cfx_status each_caller_stream(cx_device *d, cx_entry *const *entries, siz
         if (!entries[i])
             continue;
         void *s = entries[i]->stream;
+        /* On this thread a per-thread default stream would name this thread's own: the caller's
+         * is ordered by its ready event before, and by the handle's completion after. */
+        if (cx_cuda_stream_is_per_thread(s))
+            continue;
         bool dup = false;
         for (size_t k = 0; k < nseen && !dup; k++)
             dup = seen[k] == s;
@@ -367,7 +371,21 @@ static cfx_status each_caller_stream(cx_device *d, cx_entry *const *entries, siz
  * tensors before the call finish before Conflux reads them. */
 static cfx_status after_producers(cx_device *d, cx_entry *const *entries, size_t n)
 {
-    return each_caller_stream(d, entries, n, false, d->ev_in);
+    /* The ready events recorded at submission (api.c) mark exactly the work queued before the
+     * call; an entry without one (none recorded) orders after its stream as it is now. */
+    bool all_recorded = true;
+    for (size_t i = 0; entries && i < n; i++) {
+        if (!entries[i])
+            continue;
+        if (!entries[i]->ready_event) {
+            all_recorded = false;
+            continue;
+        }
+        cfx_status st = cx_cuda_stream_wait(d->stream, entries[i]->ready_event);
+        if (st)
+            return st;
+    }
+    return all_recorded ? CFX_OK : each_caller_stream(d, entries, n, false, d->ev_in);
 }
 
 #if CFX_DEVICE_NCCL
@@ -510,7 +528,7 @@ static cfx_status check_local(const cx_device *d, cx_entry *const *entries, size
                            "rank's device tensors run on CUDA device %d (chosen from its local rank "
                            "when it first met a device response without a device tensor)",
                            e->req.name, e->req.device, d->device);
-        if (cx_cuda_stream_is_per_thread(e->stream))
+        if (cx_cuda_stream_is_per_thread(e->stream) && !e->ready_event)
             return cx_fail(CFX_ERR_INVALID_ARGUMENT, "tensor '%s': its stream is "
                            "cudaStreamPerThread, which names each thread's own default stream, so "
                            "Conflux's thread cannot order itself after it; pass the stream's own "

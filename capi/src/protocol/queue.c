@@ -8,6 +8,7 @@
 
 #include "base/dtype.h"
 #include "base/error.h"
+#include "cuda/cuda_kernels.h"
 
 cfx_status cx_queue_init(cx_queue *q)
 {
@@ -29,6 +30,9 @@ void cx_entry_free(cx_entry *e)
         return;
     cx_request_free(&e->req);
     free(e->splits);
+#if defined(CFX_HAVE_CUDA) && CFX_HAVE_CUDA
+    cx_cuda_event_destroy(e->ready_event); /* safe while a stream still waits on it */
+#endif
     free(e);
 }
 

@@ -25,6 +25,7 @@ typedef struct cx_entry {
     void *output;         /* allreduce/broadcast: where the result goes (may equal input) */
     size_t bytes;         /* input bytes */
     void *stream;         /* device tensors: the producer's cudaStream_t (NULL: legacy default) */
+    void *ready_event;    /* device tensors: recorded on `stream` at submission (owned), or NULL */
     int64_t *splits;      /* alltoall: size entries (owned), or NULL */
     cfx_handle handle;
     size_t part;          /* index of this tensor within its handle */
