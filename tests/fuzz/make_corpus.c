@@ -3,7 +3,8 @@
  * run real collectives through the engine over a transport that records every request list the
  * ranks send, every response list and handshake table rank 0 broadcasts; a few inputs the jobs do
  * not produce (a list carrying autotuned settings, a rank with no handshake) are made with the
- * encoder from recorded ones; the configuration seeds are the documented variables and options.
+ * encoder from recorded ones, as are the current encoding of the regression inputs (a shape
+ * whose size overflows); the configuration seeds are the documented variables and options.
  *
  *   make_corpus OUTDIR      writes OUTDIR/{wire,handshake,config}/seed-*
  *
@@ -34,8 +35,9 @@ static const char *outdir, *scenario;
 static uint64_t seen[4096];
 static size_t nseen;
 static int written;
-static uint8_t last_responses[65536]; /* the latest non-empty response list, for derived inputs */
-static size_t last_responses_len;
+/* The latest non-empty request and response lists, for derived inputs. */
+static uint8_t last_requests[65536], last_responses[65536];
+static size_t last_requests_len, last_responses_len;
 
 static uint64_t fnv(const uint8_t *p, size_t n)
 {
@@ -78,19 +80,27 @@ static uint32_t magic_of(const void *data, size_t len)
     return m;
 }
 
+static void keep_last(uint8_t *buf, size_t *buf_len, const void *data, size_t len)
+{
+    pthread_mutex_lock(&rec_mu);
+    if (len > 16 && len <= sizeof last_requests) { /* not an empty list */
+        memcpy(buf, data, len);
+        *buf_len = len;
+    }
+    pthread_mutex_unlock(&rec_mu);
+}
+
 static void record(const void *data, size_t len)
 {
     uint8_t size_byte = RANKS - 1; /* fuzz_handshake: job size = 1 + byte % 64 */
     switch (magic_of(data, len)) {
-    case 0x43465251u: write_input("wire", "requests", NULL, 0, data, len); break;
+    case 0x43465251u:
+        write_input("wire", "requests", NULL, 0, data, len);
+        keep_last(last_requests, &last_requests_len, data, len);
+        break;
     case 0x43465253u:
         write_input("wire", "responses", NULL, 0, data, len);
-        pthread_mutex_lock(&rec_mu);
-        if (len > 12 && len <= sizeof last_responses) {
-            memcpy(last_responses, data, len);
-            last_responses_len = len;
-        }
-        pthread_mutex_unlock(&rec_mu);
+        keep_last(last_responses, &last_responses_len, data, len);
         break;
     case 0x54584643u: write_input("handshake", "table", &size_byte, 1, data, len); break;
     default: break; /* the agreed settings, hello records (inside the table) */
@@ -364,7 +374,27 @@ static void derived(void)
         fail("encode", 0);
     write_input("wire", "tuned", NULL, 0, b.data, b.len);
     cx_bytes_free(&b);
+
+    /* What regress-*-shape-overflow once were, in the current encoding: a shape whose size
+     * overflows, which the decoders must refuse. */
+    const int64_t huge[2] = {1ll << 62, 4};
+    l.items[0].ndim = 2;
+    memcpy(l.items[0].shape, huge, sizeof huge);
+    if (cx_encode_responses(&l, &b))
+        fail("encode", 0);
+    write_input("wire", "shape-overflow", NULL, 0, b.data, b.len);
+    cx_bytes_free(&b);
     cx_response_list_free(&l);
+    cx_request_list q;
+    if (!last_requests_len || cx_decode_requests(last_requests, last_requests_len, &q))
+        fail("no recorded request list to derive from", 0);
+    q.items[0].ndim = 2;
+    memcpy(q.items[0].shape, huge, sizeof huge);
+    if (cx_encode_requests(&q, &b))
+        fail("encode", 0);
+    write_input("wire", "shape-overflow", NULL, 0, b.data, b.len);
+    cx_bytes_free(&b);
+    cx_request_list_free(&q);
 
     /* Handshake tables: a compatible minor mix, and a rank that sent no handshake record. */
     cx_hello h[RANKS];
