@@ -359,41 +359,44 @@ static int job_join(cfx_context *ctx, int rank)
 
 /* ---- inputs made with the encoder from recorded ones ----------------------------------------- */
 
+/* Writes what an encoder produced into the wire corpus, and frees it. */
+static void write_encoded(const char *kind, cfx_status st, cx_bytes *b)
+{
+    if (st)
+        fail("encode", 0);
+    write_input("wire", kind, NULL, 0, b->data, b->len);
+    cx_bytes_free(b);
+}
+
+/* Gives a decoded item a shape whose size in bytes overflows. */
+static void overflowing_shape(int32_t *ndim, int64_t *shape)
+{
+    *ndim = 2;
+    shape[0] = 1ll << 62;
+    shape[1] = 4;
+}
+
 static void derived(void)
 {
     scenario = "derived";
     cx_response_list l;
-    if (!last_responses_len || cx_decode_responses(last_responses, last_responses_len, &l))
-        fail("no recorded response list to derive from", 0);
+    cx_request_list q;
+    if (!last_responses_len || cx_decode_responses(last_responses, last_responses_len, &l) ||
+        !last_requests_len || cx_decode_requests(last_requests, last_requests_len, &q))
+        fail("no recorded lists to derive from", 0);
     l.flags |= CX_LIST_TUNED; /* what autotune's switch looks like */
     l.tuned_fusion_threshold = 64ll << 20;
     l.tuned_chunk_bytes = 1 << 19;
     l.tuned_cycle_time_ms = 2;
     cx_bytes b = {0};
-    if (cx_encode_responses(&l, &b))
-        fail("encode", 0);
-    write_input("wire", "tuned", NULL, 0, b.data, b.len);
-    cx_bytes_free(&b);
-
+    write_encoded("tuned", cx_encode_responses(&l, &b), &b);
     /* What regress-*-shape-overflow once were, in the current encoding: a shape whose size
      * overflows, which the decoders must refuse. */
-    const int64_t huge[2] = {1ll << 62, 4};
-    l.items[0].ndim = 2;
-    memcpy(l.items[0].shape, huge, sizeof huge);
-    if (cx_encode_responses(&l, &b))
-        fail("encode", 0);
-    write_input("wire", "shape-overflow", NULL, 0, b.data, b.len);
-    cx_bytes_free(&b);
+    overflowing_shape(&l.items[0].ndim, l.items[0].shape);
+    write_encoded("shape-overflow", cx_encode_responses(&l, &b), &b);
+    overflowing_shape(&q.items[0].ndim, q.items[0].shape);
+    write_encoded("shape-overflow", cx_encode_requests(&q, &b), &b);
     cx_response_list_free(&l);
-    cx_request_list q;
-    if (!last_requests_len || cx_decode_requests(last_requests, last_requests_len, &q))
-        fail("no recorded request list to derive from", 0);
-    q.items[0].ndim = 2;
-    memcpy(q.items[0].shape, huge, sizeof huge);
-    if (cx_encode_requests(&q, &b))
-        fail("encode", 0);
-    write_input("wire", "shape-overflow", NULL, 0, b.data, b.len);
-    cx_bytes_free(&b);
     cx_request_list_free(&q);
 
     /* Handshake tables: a compatible minor mix, and a rank that sent no handshake record. */
