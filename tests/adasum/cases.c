@@ -1,5 +1,6 @@
 /* cases - the Adasum scenarios shared by the thread-rank and mpirun tests (see cases.h). */
 #include "cases.h"
+#include "../common/case_check.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -9,17 +10,6 @@
 
 int ad_host_size = 0;
 
-#define AD_CHECK(cond, ...)                                                                 \
-    do {                                                                                    \
-        if (!(cond)) {                                                                      \
-            fprintf(stderr, "%s:%d: rank %d: check failed: %s: ", __FILE__, __LINE__,        \
-                    cfx_rank(ctx), #cond);                                                  \
-            fprintf(stderr, __VA_ARGS__);                                                   \
-            fprintf(stderr, "\n");                                                          \
-            failures++;                                                                     \
-        }                                                                                   \
-    } while (0)
-#define AD_OK(expr) AD_CHECK((expr) == CFX_OK, "%s: %s", #expr, cfx_last_error())
 
 static const cfx_dtype float_dtypes[] = {CFX_FLOAT16, CFX_BFLOAT16, CFX_FLOAT32, CFX_FLOAT64};
 #define NFLOAT 4
@@ -224,7 +214,7 @@ static int tc_check(cfx_context *ctx, const tcase *c, int step, int absent, uint
             tol = ulps * fabs(want[i]);
         }
         if (!(fabs(g - want[i]) <= tol) && bad++ < 3)
-            AD_CHECK(0, "step %d, tensor '%s' (%s, %zu elements) element %zu: got %.17g, expected "
+            CASE_CHECK(0, "step %d, tensor '%s' (%s, %zu elements) element %zu: got %.17g, expected "
                      "%.17g (tolerance %.3g)", step, c->name, cfx_dtype_name(c->dt), c->n, i, g,
                      want[i], tol);
     }
@@ -244,12 +234,12 @@ static int same_everywhere(cfx_context *ctx, uint64_t hash, const char *what)
     int64_t *all = calloc((size_t)size, sizeof *all);
     cfx_tensor x = {&mine, shape, 1, CFX_INT64, CFX_DEVICE_CPU, NULL};
     cfx_handle h;
-    AD_OK(cfx_allgather_async(ctx, "ad.hashes", &x, &h));
-    AD_OK(cfx_wait(ctx, h, 60));
-    AD_OK(cfx_handle_output_copy(ctx, h, 0, all, sizeof *all * (size_t)size));
+    CASE_OK(cfx_allgather_async(ctx, "ad.hashes", &x, &h));
+    CASE_OK(cfx_wait(ctx, h, 60));
+    CASE_OK(cfx_handle_output_copy(ctx, h, 0, all, sizeof *all * (size_t)size));
     cfx_handle_release(ctx, h);
     for (int r = 0; r < size; r++)
-        AD_CHECK(all[r] == all[0], "%s: rank %d's results differ from rank 0's", what, r);
+        CASE_CHECK(all[r] == all[0], "%s: rank %d's results differ from rank 0's", what, r);
     free(all);
     return failures;
 }
@@ -262,12 +252,12 @@ static int run_cases(cfx_context *ctx, tcase *cs, size_t n, int step, uint64_t *
     for (size_t i = 0; i < n; i++) {
         tc_fill(&cs[i], rank, size, step, 0);
         cfx_tensor x = tc_tensor(&cs[i]);
-        AD_OK(cfx_allreduce_async(ctx, cs[i].name, &x, cs[i].out, CFX_OP_ADASUM, cs[i].pre,
+        CASE_OK(cfx_allreduce_async(ctx, cs[i].name, &x, cs[i].out, CFX_OP_ADASUM, cs[i].pre,
                                   cs[i].post, &h[i]));
     }
     for (size_t i = 0; i < n; i++) {
         cfx_status st = cfx_wait(ctx, h[i], 60);
-        AD_CHECK(st == CFX_OK, "tensor '%s': %s: %s", cs[i].name, cfx_status_string(st),
+        CASE_CHECK(st == CFX_OK, "tensor '%s': %s: %s", cs[i].name, cfx_status_string(st),
                  cfx_handle_message(ctx, h[i]));
         cfx_handle_release(ctx, h[i]);
         failures += tc_check(ctx, &cs[i], step, -1, hash);
@@ -308,10 +298,10 @@ static int ad_case_batch(cfx_context *ctx)
             }
             snprintf(name, sizeof name, "ad.group.%s", cfx_dtype_name(dt));
             cfx_handle h;
-            AD_OK(cfx_grouped_allreduce_async(ctx, name, NGROUP, xs, NULL, CFX_OP_ADASUM, 2.0, 0.25,
+            CASE_OK(cfx_grouped_allreduce_async(ctx, name, NGROUP, xs, NULL, CFX_OP_ADASUM, 2.0, 0.25,
                                               &h));
             cfx_status st = cfx_wait(ctx, h, 60);
-            AD_CHECK(st == CFX_OK, "group '%s': %s", name, cfx_handle_message(ctx, h));
+            CASE_CHECK(st == CFX_OK, "group '%s': %s", name, cfx_handle_message(ctx, h));
             cfx_handle_release(ctx, h);
             for (int k = 0; k < NGROUP; k++)
                 failures += tc_check(ctx, &gs[k], step, -1, &hash);
@@ -376,7 +366,7 @@ static int ad_case_gradset(cfx_context *ctx, int owned)
     tcase cs[NG];
     int32_t idx[NG];
     uint64_t hash = 1469598103934665603ull;
-    AD_OK(cfx_gradset_create(ctx, owned ? "adasum.owned" : "adasum.borrowed", &o, &set));
+    CASE_OK(cfx_gradset_create(ctx, owned ? "adasum.owned" : "adasum.borrowed", &o, &set));
     for (int g = 0; g < NG && set; g++) {
         char name[48];
         snprintf(name, sizeof name, "layer%d", g);
@@ -384,19 +374,19 @@ static int ad_case_gradset(cfx_context *ctx, int owned)
         cfx_tensor x = tc_tensor(&cs[g]);
         if (owned)
             x.data = NULL;
-        AD_OK(cfx_gradset_add(set, name, &x, &idx[g]));
+        CASE_OK(cfx_gradset_add(set, name, &x, &idx[g]));
     }
-    AD_OK(cfx_gradset_commit(set));
+    CASE_OK(cfx_gradset_commit(set));
     for (int g = 0; g < NG && owned; g++) { /* the storage is the set's */
         free(cs[g].buf);
-        AD_OK(cfx_gradset_data(set, idx[g], &cs[g].buf));
+        CASE_OK(cfx_gradset_data(set, idx[g], &cs[g].buf));
     }
     for (int step = 0; step < 2; step++) {
         for (int g = NG - 1; g >= 0; g--) {
             tc_fill(&cs[g], rank, size, step, 0);
-            AD_OK(cfx_gradset_ready(set, idx[g]));
+            CASE_OK(cfx_gradset_ready(set, idx[g]));
         }
-        AD_OK(cfx_gradset_wait(set, 60));
+        CASE_OK(cfx_gradset_wait(set, 60));
         for (int g = 0; g < NG; g++)
             failures += tc_check(ctx, &cs[g], step, -1, &hash);
     }
@@ -415,19 +405,19 @@ static int ad_case_join(cfx_context *ctx)
     tcase c;
     tc_init(&c, "ad.join", CFX_FLOAT32, 33, 700, RANDOM);
     if (rank == last)
-        AD_OK(cfx_join_async(ctx, &hj));
+        CASE_OK(cfx_join_async(ctx, &hj));
     if (rank != last) {
         tc_fill(&c, rank, size, 0, 0);
         cfx_tensor x = tc_tensor(&c);
         cfx_handle h;
-        AD_OK(cfx_allreduce_async(ctx, c.name, &x, NULL, CFX_OP_ADASUM, 1.0, 1.0, &h));
+        CASE_OK(cfx_allreduce_async(ctx, c.name, &x, NULL, CFX_OP_ADASUM, 1.0, 1.0, &h));
         cfx_status st = cfx_wait(ctx, h, 60);
-        AD_CHECK(st == CFX_OK, "%s: %s", c.name, cfx_handle_message(ctx, h));
+        CASE_CHECK(st == CFX_OK, "%s: %s", c.name, cfx_handle_message(ctx, h));
         cfx_handle_release(ctx, h);
         failures += tc_check(ctx, &c, 0, last, &hash);
-        AD_OK(cfx_join_async(ctx, &hj));
+        CASE_OK(cfx_join_async(ctx, &hj));
     }
-    AD_OK(cfx_wait(ctx, hj, 60));
+    CASE_OK(cfx_wait(ctx, hj, 60));
     cfx_handle_release(ctx, hj);
     tc_free(&c);
     return failures;
@@ -438,8 +428,8 @@ static int refused(cfx_context *ctx, cfx_status st, const char *what, const char
 {
     int failures = 0;
     const char *msg = cfx_last_error();
-    AD_CHECK(st == CFX_ERR_UNSUPPORTED, "%s: status %s (%s)", what, cfx_status_string(st), msg);
-    AD_CHECK(strstr(msg, name) && strstr(msg, "Adasum"), "%s: the message names neither '%s' nor "
+    CASE_CHECK(st == CFX_ERR_UNSUPPORTED, "%s: status %s (%s)", what, cfx_status_string(st), msg);
+    CASE_CHECK(strstr(msg, name) && strstr(msg, "Adasum"), "%s: the message names neither '%s' nor "
              "Adasum: %s", what, name, msg);
     return failures;
 }
@@ -470,11 +460,11 @@ static int ad_case_errors(cfx_context *ctx)
     o.owned = 0;
     cfx_gradset *set = NULL;
     int32_t i;
-    AD_OK(cfx_gradset_create(ctx, "ad.errors", &o, &set));
+    CASE_OK(cfx_gradset_create(ctx, "ad.errors", &o, &set));
     if (set)
         failures += refused(ctx, cfx_gradset_add(set, "counts", &ti, &i), "gradient set", "counts");
     cfx_gradset_free(set);
-    AD_CHECK(strcmp(cfx_op_name(CFX_OP_ADASUM), "adasum") == 0, "op name %s",
+    CASE_CHECK(strcmp(cfx_op_name(CFX_OP_ADASUM), "adasum") == 0, "op name %s",
              cfx_op_name(CFX_OP_ADASUM));
     return failures;
 }
@@ -493,14 +483,14 @@ static int ad_case_failure(cfx_context *ctx)
     tc_fill(&c, rank, size, 0, 0);
     cfx_tensor x = tc_tensor(&c);
     cfx_handle h;
-    AD_OK(cfx_allreduce_async(ctx, c.name, &x, NULL, CFX_OP_ADASUM, 1.0, 1.0, &h));
+    CASE_OK(cfx_allreduce_async(ctx, c.name, &x, NULL, CFX_OP_ADASUM, 1.0, 1.0, &h));
     cfx_status st = cfx_wait(ctx, h, 60);
     const char *msg = cfx_handle_message(ctx, h);
     if (injected)
-        AD_CHECK(st == CFX_ERR_OUT_OF_MEMORY && strstr(msg, "rank 1") && strstr(msg, "injected"),
+        CASE_CHECK(st == CFX_ERR_OUT_OF_MEMORY && strstr(msg, "rank 1") && strstr(msg, "injected"),
                  "the injected failure: %s: %s", cfx_status_string(st), msg);
     else
-        AD_CHECK(st == CFX_OK, "%s: %s", cfx_status_string(st), msg);
+        CASE_CHECK(st == CFX_OK, "%s: %s", cfx_status_string(st), msg);
     cfx_handle_release(ctx, h);
     if (!injected)
         failures += tc_check(ctx, &c, 0, -1, &hash);

@@ -1,5 +1,6 @@
 /* cases - the gradient-set scenarios shared by the thread-rank and mpirun tests (see cases.h). */
 #include "cases.h"
+#include "../common/case_check.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -8,17 +9,6 @@
 #include <string.h>
 #include <time.h>
 
-#define GS_CHECK(cond, ...)                                                                 \
-    do {                                                                                    \
-        if (!(cond)) {                                                                      \
-            fprintf(stderr, "%s:%d: rank %d: check failed: %s: ", __FILE__, __LINE__,        \
-                    cfx_rank(ctx), #cond);                                                  \
-            fprintf(stderr, __VA_ARGS__);                                                   \
-            fprintf(stderr, "\n");                                                          \
-            failures++;                                                                     \
-        }                                                                                   \
-    } while (0)
-#define GS_OK(expr) GS_CHECK((expr) == CFX_OK, "%s: %s", #expr, cfx_last_error())
 
 enum { NGRADS = 14 };
 
@@ -99,7 +89,7 @@ static int check_results(cfx_context *ctx, void **bufs, int step, int passes, do
             want /= size;
             double got = get(bufs[k], d.dtype, j);
             if (fabs(got - want) > 1e-5 * fabs(want)) {
-                GS_CHECK(0, "step %d gradient %d element %lld: %.9g, expected %.9g", step, gid,
+                CASE_CHECK(0, "step %d gradient %d element %lld: %.9g, expected %.9g", step, gid,
                          (long long)j, got, want);
                 return failures;
             }
@@ -112,14 +102,14 @@ int gs_case_steps(cfx_context *ctx, int owned)
 {
     int failures = 0, rank = cfx_rank(ctx), size = cfx_size(ctx);
     cfx_gradset_options o;
-    GS_OK(cfx_gradset_options_init(&o, CFX_GRADSET_OPTIONS_VERSION));
+    CASE_OK(cfx_gradset_options_init(&o, CFX_GRADSET_OPTIONS_VERSION));
     o.owned = owned;
     o.bucket_bytes = 64; /* many buckets: several gradients in some, alone in others */
     cfx_gradset *set = NULL;
     void *bufs[NGRADS];
     int32_t index[NGRADS];
     cfx_status st = make_set(ctx, owned ? "steps.owned" : "steps.borrowed", &o, &set, bufs, index);
-    GS_CHECK(st == CFX_OK, "make_set: %s", cfx_last_error());
+    CASE_CHECK(st == CFX_OK, "make_set: %s", cfx_last_error());
     unsigned seed = 12345u + (unsigned)rank;
     for (int step = 0; step < 3 && !st; step++) {
         for (int k = 0; k < NGRADS; k++) {
@@ -141,9 +131,9 @@ int gs_case_steps(cfx_context *ctx, int owned)
             int i = order[k];
             if (rank == 0 && size > 1 && gid_at(i, rank) == 4)
                 continue; /* unused here: reduced as it is by wait */
-            GS_OK(cfx_gradset_ready(set, index[i]));
+            CASE_OK(cfx_gradset_ready(set, index[i]));
         }
-        GS_OK(cfx_gradset_wait(set, 60.0));
+        CASE_OK(cfx_gradset_wait(set, 60.0));
         failures += check_results(ctx, bufs, step, 1, 1.0);
     }
     cfx_gradset_free(set);
@@ -162,7 +152,7 @@ int gs_case_accumulate(cfx_context *ctx)
     cfx_gradset *set = NULL;
     void *bufs[NGRADS];
     int32_t index[NGRADS];
-    GS_OK(make_set(ctx, "accumulate", &o, &set, bufs, index));
+    CASE_OK(make_set(ctx, "accumulate", &o, &set, bufs, index));
     for (int step = 0; step < 2 && set; step++) {
         for (int pass = 0; pass < 2; pass++) {
             for (int k = NGRADS - 1; k >= 0; k--) { /* backward: accumulate, then mark */
@@ -171,13 +161,13 @@ int gs_case_accumulate(cfx_context *ctx)
                     double prev = pass ? get(bufs[k], d.dtype, j) : 0.0;
                     put(bufs[k], d.dtype, j, prev + contribution(rank, gid_at(k, rank), j, step, pass));
                 }
-                GS_OK(cfx_gradset_ready(set, index[k]));
+                CASE_OK(cfx_gradset_ready(set, index[k]));
             }
         }
-        GS_CHECK(cfx_gradset_ready(set, index[0]) == CFX_ERR_INVALID_ARGUMENT,
+        CASE_CHECK(cfx_gradset_ready(set, index[0]) == CFX_ERR_INVALID_ARGUMENT,
                  "a third ready in a step of accumulate_steps 2 was accepted");
-        GS_CHECK(strstr(cfx_last_error(), "marked ready") != NULL, "message: %s", cfx_last_error());
-        GS_OK(cfx_gradset_wait(set, 60.0));
+        CASE_CHECK(strstr(cfx_last_error(), "marked ready") != NULL, "message: %s", cfx_last_error());
+        CASE_OK(cfx_gradset_wait(set, 60.0));
         failures += check_results(ctx, bufs, step, 2, 0.5);
     }
     cfx_gradset_free(set);
@@ -194,40 +184,40 @@ int gs_case_mismatch(cfx_context *ctx)
     o.owned = 0;
     cfx_gradset *set = NULL;
     int32_t i0, i1;
-    GS_OK(cfx_gradset_create(ctx, "mismatch.shape", &o, &set));
+    CASE_OK(cfx_gradset_create(ctx, "mismatch.shape", &o, &set));
     int64_t good[2] = {2, 4}, bad[2] = {4, 2}, one[1] = {3};
     cfx_tensor a = {buf, rank == size - 1 ? bad : good, 2, CFX_FLOAT32, CFX_DEVICE_CPU, NULL};
     cfx_tensor b = {buf + 16, one, 1, CFX_FLOAT32, CFX_DEVICE_CPU, NULL};
-    GS_OK(cfx_gradset_add(set, "fc.bias", &b, &i1));
-    GS_OK(cfx_gradset_add(set, "fc.weight", &a, &i0));
+    CASE_OK(cfx_gradset_add(set, "fc.bias", &b, &i1));
+    CASE_OK(cfx_gradset_add(set, "fc.weight", &a, &i0));
     cfx_status st = cfx_gradset_commit(set);
     char want[128];
     snprintf(want, sizeof want, "on rank 0 but float32 [4, 2] on rank %d", size - 1);
-    GS_CHECK(st == CFX_ERR_MISMATCH, "commit returned %s", cfx_status_string(st));
-    GS_CHECK(strstr(cfx_last_error(), "'fc.weight' is float32 [2, 4]") &&
+    CASE_CHECK(st == CFX_ERR_MISMATCH, "commit returned %s", cfx_status_string(st));
+    CASE_CHECK(strstr(cfx_last_error(), "'fc.weight' is float32 [2, 4]") &&
              strstr(cfx_last_error(), want), "message: %s", cfx_last_error());
     cfx_gradset_free(set);
     /* 2: rank 1 lacks a gradient. */
-    GS_OK(cfx_gradset_create(ctx, "mismatch.missing", &o, &set));
-    GS_OK(cfx_gradset_add(set, "fc.weight", &(cfx_tensor){buf, good, 2, CFX_FLOAT32,
+    CASE_OK(cfx_gradset_create(ctx, "mismatch.missing", &o, &set));
+    CASE_OK(cfx_gradset_add(set, "fc.weight", &(cfx_tensor){buf, good, 2, CFX_FLOAT32,
                                                           CFX_DEVICE_CPU, NULL}, &i0));
     if (rank != 1)
-        GS_OK(cfx_gradset_add(set, "fc.bias", &b, &i1));
+        CASE_OK(cfx_gradset_add(set, "fc.bias", &b, &i1));
     st = cfx_gradset_commit(set);
-    GS_CHECK(st == CFX_ERR_MISMATCH, "commit returned %s", cfx_status_string(st));
-    GS_CHECK(strstr(cfx_last_error(), "gradient 'fc.bias' (float32 [3]) is registered on rank 0 "
+    CASE_CHECK(st == CFX_ERR_MISMATCH, "commit returned %s", cfx_status_string(st));
+    CASE_CHECK(strstr(cfx_last_error(), "gradient 'fc.bias' (float32 [3]) is registered on rank 0 "
                                       "but not on rank 1"), "message: %s", cfx_last_error());
     cfx_gradset_free(set);
     /* The context still works: a good set afterwards. */
-    GS_OK(cfx_gradset_create(ctx, "mismatch.after", &o, &set));
+    CASE_OK(cfx_gradset_create(ctx, "mismatch.after", &o, &set));
     for (int j = 0; j < 3; j++)
         buf[16 + j] = (float)(rank + j);
-    GS_OK(cfx_gradset_add(set, "fc.bias", &b, &i1));
-    GS_OK(cfx_gradset_commit(set));
-    GS_OK(cfx_gradset_wait(set, 60.0)); /* nothing marked: reduced as it is */
+    CASE_OK(cfx_gradset_add(set, "fc.bias", &b, &i1));
+    CASE_OK(cfx_gradset_commit(set));
+    CASE_OK(cfx_gradset_wait(set, 60.0)); /* nothing marked: reduced as it is */
     for (int j = 0; j < 3; j++) {
         double want_v = (size - 1) / 2.0 + j;
-        GS_CHECK(fabs(buf[16 + j] - want_v) < 1e-5, "element %d: %g, expected %g", j, buf[16 + j],
+        CASE_CHECK(fabs(buf[16 + j] - want_v) < 1e-5, "element %d: %g, expected %g", j, buf[16 + j],
                  want_v);
     }
     cfx_gradset_free(set);
@@ -258,7 +248,7 @@ int gs_case_threads(cfx_context *ctx)
     cfx_gradset *set = NULL;
     void *bufs[NGRADS];
     int32_t index[NGRADS];
-    GS_OK(make_set(ctx, "threads", &o, &set, bufs, index));
+    CASE_OK(make_set(ctx, "threads", &o, &set, bufs, index));
     for (int step = 0; step < 4 && set; step++) {
         for (int k = 0; k < NGRADS; k++) {
             grad_desc d = desc_of(gid_at(k, rank));
@@ -271,8 +261,8 @@ int gs_case_threads(cfx_context *ctx)
             pthread_create(&th[t], NULL, mark_half, &jobs[t]);
         for (int t = 0; t < 2; t++)
             pthread_join(th[t], NULL);
-        GS_CHECK(jobs[0].errors + jobs[1].errors == 0, "ready failed: %s", cfx_last_error());
-        GS_OK(cfx_gradset_wait(set, 60.0));
+        CASE_CHECK(jobs[0].errors + jobs[1].errors == 0, "ready failed: %s", cfx_last_error());
+        CASE_OK(cfx_gradset_wait(set, 60.0));
         failures += check_results(ctx, bufs, step, 1, 1.0);
     }
     cfx_gradset_free(set);
@@ -289,30 +279,30 @@ int gs_case_sum_int(cfx_context *ctx)
     cfx_gradset *set = NULL;
     int32_t ia, ib;
     int64_t na[1] = {1000}, nb[1] = {7};
-    GS_OK(cfx_gradset_create(ctx, "sum.int", &o, &set));
-    GS_OK(cfx_gradset_add(set, "counts", &(cfx_tensor){NULL, na, 1, CFX_INT32, CFX_DEVICE_CPU,
+    CASE_OK(cfx_gradset_create(ctx, "sum.int", &o, &set));
+    CASE_OK(cfx_gradset_add(set, "counts", &(cfx_tensor){NULL, na, 1, CFX_INT32, CFX_DEVICE_CPU,
                                                        NULL}, &ia));
-    GS_OK(cfx_gradset_add(set, "totals", &(cfx_tensor){NULL, nb, 1, CFX_INT64, CFX_DEVICE_CPU,
+    CASE_OK(cfx_gradset_add(set, "totals", &(cfx_tensor){NULL, nb, 1, CFX_INT64, CFX_DEVICE_CPU,
                                                        NULL}, &ib));
-    GS_OK(cfx_gradset_commit(set));
+    CASE_OK(cfx_gradset_commit(set));
     int32_t *a = NULL;
     int64_t *b = NULL;
-    GS_OK(cfx_gradset_data(set, ia, (void **)&a));
-    GS_OK(cfx_gradset_data(set, ib, (void **)&b));
+    CASE_OK(cfx_gradset_data(set, ia, (void **)&a));
+    CASE_OK(cfx_gradset_data(set, ib, (void **)&b));
     for (int step = 0; step < 2 && a && b; step++) {
         for (int j = 0; j < 1000; j++)
             a[j] = rank * 1000 + j + step;
         for (int j = 0; j < 7; j++)
             b[j] = (int64_t)rank << 33 | j;
-        GS_OK(cfx_gradset_ready(set, ib));
-        GS_OK(cfx_gradset_ready(set, ia));
-        GS_OK(cfx_gradset_wait(set, 60.0));
+        CASE_OK(cfx_gradset_ready(set, ib));
+        CASE_OK(cfx_gradset_ready(set, ia));
+        CASE_OK(cfx_gradset_wait(set, 60.0));
         for (int j = 0; j < 1000; j++) {
             int64_t want = 0;
             for (int r = 0; r < size; r++)
                 want += 2 * (r * 1000 + j + step);
             if (a[j] != want) {
-                GS_CHECK(0, "counts[%d] = %d, expected %lld", j, a[j], (long long)want);
+                CASE_CHECK(0, "counts[%d] = %d, expected %lld", j, a[j], (long long)want);
                 break;
             }
         }
@@ -320,7 +310,7 @@ int gs_case_sum_int(cfx_context *ctx)
             int64_t want = 0;
             for (int r = 0; r < size; r++)
                 want += 2 * ((int64_t)r << 33 | j);
-            GS_CHECK(b[j] == want, "totals[%d] = %lld, expected %lld", j, (long long)b[j],
+            CASE_CHECK(b[j] == want, "totals[%d] = %lld, expected %lld", j, (long long)b[j],
                      (long long)want);
         }
     }
@@ -336,28 +326,28 @@ int gs_case_shutdown_pending(cfx_context *ctx)
     cfx_gradset *set = NULL;
     void *bufs[NGRADS];
     int32_t index[NGRADS];
-    GS_OK(make_set(ctx, "shutdown", &o, &set, bufs, index));
+    CASE_OK(make_set(ctx, "shutdown", &o, &set, bufs, index));
     cfx_handle h = 0; /* every rank has committed (and attached) before rank 0 stops */
-    GS_OK(cfx_barrier_async(ctx, &h));
-    GS_OK(cfx_wait(ctx, h, 60.0));
+    CASE_OK(cfx_barrier_async(ctx, &h));
+    CASE_OK(cfx_wait(ctx, h, 60.0));
     cfx_handle_release(ctx, h);
     if (rank == 0) {
         struct timespec pause = {0, 100 * 1000 * 1000}; /* the others mark and wait meanwhile */
         nanosleep(&pause, NULL);
-        GS_OK(cfx_shutdown(ctx));
+        CASE_OK(cfx_shutdown(ctx));
         cfx_status st = cfx_gradset_wait(set, 30.0);
-        GS_CHECK(st == CFX_ERR_SHUT_DOWN, "wait after shutdown: %s", cfx_status_string(st));
+        CASE_CHECK(st == CFX_ERR_SHUT_DOWN, "wait after shutdown: %s", cfx_status_string(st));
     } else {
         for (int k = 0; k < NGRADS; k++) { /* rank 0 may have stopped the job already */
             cfx_status rs = cfx_gradset_ready(set, index[k]);
-            GS_CHECK(rs == CFX_OK || rs == CFX_ERR_SHUT_DOWN, "ready: %s", cfx_last_error());
+            CASE_CHECK(rs == CFX_OK || rs == CFX_ERR_SHUT_DOWN, "ready: %s", cfx_last_error());
         }
         cfx_status st = cfx_gradset_wait(set, 30.0);
-        GS_CHECK(st == CFX_ERR_SHUT_DOWN, "pending wait: %s (%s)", cfx_status_string(st),
+        CASE_CHECK(st == CFX_ERR_SHUT_DOWN, "pending wait: %s (%s)", cfx_status_string(st),
                  cfx_last_error());
-        GS_CHECK(strstr(cfx_last_error(), "gradient set 'shutdown'") &&
+        CASE_CHECK(strstr(cfx_last_error(), "gradient set 'shutdown'") &&
                  strstr(cfx_last_error(), "rank"), "message: %s", cfx_last_error());
-        GS_CHECK(cfx_gradset_ready(set, index[0]) == CFX_ERR_SHUT_DOWN, "ready after the stop");
+        CASE_CHECK(cfx_gradset_ready(set, index[0]) == CFX_ERR_SHUT_DOWN, "ready after the stop");
     }
     cfx_gradset_free(set);
     return failures;
@@ -367,38 +357,38 @@ int gs_case_errors(cfx_context *ctx)
 {
     int failures = 0;
     cfx_gradset_options o;
-    GS_CHECK(cfx_gradset_options_init(&o, 99) == CFX_ERR_VERSION, "unknown options version");
+    CASE_CHECK(cfx_gradset_options_init(&o, 99) == CFX_ERR_VERSION, "unknown options version");
     cfx_gradset_options_init(&o, CFX_GRADSET_OPTIONS_VERSION);
     cfx_gradset *set = NULL;
     o.accumulate_steps = 0;
-    GS_CHECK(cfx_gradset_create(ctx, "bad", &o, &set) == CFX_ERR_INVALID_ARGUMENT && !set,
+    CASE_CHECK(cfx_gradset_create(ctx, "bad", &o, &set) == CFX_ERR_INVALID_ARGUMENT && !set,
              "accumulate_steps 0 accepted");
     o.accumulate_steps = 1;
     o.prescale = NAN;
-    GS_CHECK(cfx_gradset_create(ctx, "bad", &o, &set) == CFX_ERR_INVALID_ARGUMENT, "NaN prescale");
-    GS_CHECK(strstr(cfx_last_error(), "finite") != NULL, "message: %s", cfx_last_error());
+    CASE_CHECK(cfx_gradset_create(ctx, "bad", &o, &set) == CFX_ERR_INVALID_ARGUMENT, "NaN prescale");
+    CASE_CHECK(strstr(cfx_last_error(), "finite") != NULL, "message: %s", cfx_last_error());
     o.prescale = 1.0;
-    GS_CHECK(cfx_gradset_create(NULL, "x", &o, &set) == CFX_ERR_NOT_INITIALIZED, "NULL context");
-    GS_OK(cfx_gradset_create(ctx, "errors", NULL, &set));
+    CASE_CHECK(cfx_gradset_create(NULL, "x", &o, &set) == CFX_ERR_NOT_INITIALIZED, "NULL context");
+    CASE_OK(cfx_gradset_create(ctx, "errors", NULL, &set));
     float data[4];
     int64_t n[1] = {4};
     int32_t i;
     cfx_tensor t = {data, n, 1, CFX_FLOAT32, CFX_DEVICE_CPU, NULL};
-    GS_CHECK(cfx_gradset_add(set, "w", &t, &i) == CFX_ERR_INVALID_ARGUMENT,
+    CASE_CHECK(cfx_gradset_add(set, "w", &t, &i) == CFX_ERR_INVALID_ARGUMENT,
              "data in an owned set accepted");
     t.data = NULL;
-    GS_OK(cfx_gradset_add(set, "w", &t, &i));
-    GS_CHECK(cfx_gradset_add(set, "w", &t, &i) == CFX_ERR_DUPLICATE_NAME, "duplicate name");
-    GS_CHECK(strstr(cfx_last_error(), "'w'") != NULL, "message: %s", cfx_last_error());
+    CASE_OK(cfx_gradset_add(set, "w", &t, &i));
+    CASE_CHECK(cfx_gradset_add(set, "w", &t, &i) == CFX_ERR_DUPLICATE_NAME, "duplicate name");
+    CASE_CHECK(strstr(cfx_last_error(), "'w'") != NULL, "message: %s", cfx_last_error());
     t.dtype = 99;
-    GS_CHECK(cfx_gradset_add(set, "v", &t, &i) == CFX_ERR_INVALID_ARGUMENT, "bad dtype");
-    GS_CHECK(cfx_gradset_ready(set, 0) == CFX_ERR_INVALID_ARGUMENT, "ready before commit");
-    GS_CHECK(strstr(cfx_last_error(), "not committed") != NULL, "message: %s", cfx_last_error());
-    GS_OK(cfx_gradset_commit(set));
-    GS_CHECK(cfx_gradset_ready(set, 5) == CFX_ERR_INVALID_ARGUMENT, "index out of range");
-    GS_CHECK(cfx_gradset_add(set, "late", &t, &i) == CFX_ERR_INVALID_ARGUMENT, "add after commit");
-    GS_CHECK(cfx_gradset_wait(set, NAN) == CFX_ERR_INVALID_ARGUMENT, "NaN timeout");
-    GS_OK(cfx_gradset_wait(set, 60.0));
+    CASE_CHECK(cfx_gradset_add(set, "v", &t, &i) == CFX_ERR_INVALID_ARGUMENT, "bad dtype");
+    CASE_CHECK(cfx_gradset_ready(set, 0) == CFX_ERR_INVALID_ARGUMENT, "ready before commit");
+    CASE_CHECK(strstr(cfx_last_error(), "not committed") != NULL, "message: %s", cfx_last_error());
+    CASE_OK(cfx_gradset_commit(set));
+    CASE_CHECK(cfx_gradset_ready(set, 5) == CFX_ERR_INVALID_ARGUMENT, "index out of range");
+    CASE_CHECK(cfx_gradset_add(set, "late", &t, &i) == CFX_ERR_INVALID_ARGUMENT, "add after commit");
+    CASE_CHECK(cfx_gradset_wait(set, NAN) == CFX_ERR_INVALID_ARGUMENT, "NaN timeout");
+    CASE_OK(cfx_gradset_wait(set, 60.0));
     cfx_gradset_free(set);
     cfx_gradset_free(NULL);
     return failures;

@@ -1,21 +1,11 @@
 /* cases - subset-context scenarios shared by the thread-rank and mpirun tests (see cases.h). */
 #include "cases.h"
+#include "../common/case_check.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define SS_CHECK(cond, ...)                                                                 \
-    do {                                                                                    \
-        if (!(cond)) {                                                                      \
-            fprintf(stderr, "%s:%d: rank %d: check failed: %s: ", __FILE__, __LINE__,        \
-                    cfx_rank(ctx), #cond);                                                  \
-            fprintf(stderr, __VA_ARGS__);                                                   \
-            fprintf(stderr, "\n");                                                          \
-            failures++;                                                                     \
-        }                                                                                   \
-    } while (0)
-#define SS_OK(expr) SS_CHECK((expr) == CFX_OK, "%s: %s", #expr, cfx_last_error())
 
 /* Blocking SUM allreduce of one double on c. */
 static cfx_status sum1(cfx_context *c, const char *name, double *v)
@@ -44,19 +34,19 @@ static int check_subset(cfx_context *ctx, cfx_context *sub, const int *ranks, in
 {
     int failures = 0, rank = cfx_rank(ctx);
     int in = member_of(ranks, n, rank);
-    SS_CHECK(in == (sub != NULL), "%s: member %d, got a context %d", tag, in, sub != NULL);
+    CASE_CHECK(in == (sub != NULL), "%s: member %d, got a context %d", tag, in, sub != NULL);
     if (!sub)
         return failures;
     int below = 0;
     for (int i = 0; i < n; i++)
         below += ranks[i] < rank;
-    SS_CHECK(cfx_size(sub) == n && cfx_rank(sub) == below, "%s: rank %d of %d, expected %d of %d",
+    CASE_CHECK(cfx_size(sub) == n && cfx_rank(sub) == below, "%s: rank %d of %d, expected %d of %d",
              tag, cfx_rank(sub), cfx_size(sub), below, n);
     double v = rank + 1, want = 0;
     for (int i = 0; i < n; i++)
         want += ranks[i] + 1;
-    SS_OK(sum1(sub, tag, &v));
-    SS_CHECK(v == want, "%s: sum %g, expected %g", tag, v, want);
+    CASE_OK(sum1(sub, tag, &v));
+    CASE_CHECK(v == want, "%s: sum %g, expected %g", tag, v, want);
     return failures;
 }
 
@@ -71,19 +61,19 @@ int ss_case_members(cfx_context *ctx)
             rest[n_rest++] = size - r; /* given in descending order */
     }
     cfx_context *a = NULL, *b = (cfx_context *)&failures;
-    SS_OK(cfx_context_create_subset(ctx, even, (size_t)n_even, &a));
-    SS_OK(cfx_context_create_subset(ctx, rest, (size_t)n_rest, &b));
+    CASE_OK(cfx_context_create_subset(ctx, even, (size_t)n_even, &a));
+    CASE_OK(cfx_context_create_subset(ctx, rest, (size_t)n_rest, &b));
     failures += check_subset(ctx, a, even, n_even, "even");
     failures += check_subset(ctx, b, rest, n_rest, "not-0");
     double v = 1; /* the parent still works beside them */
-    SS_OK(sum1(ctx, "parent", &v));
-    SS_CHECK(v == size, "parent sum %g", v);
+    CASE_OK(sum1(ctx, "parent", &v));
+    CASE_CHECK(v == size, "parent sum %g", v);
     if (a) {
-        SS_OK(cfx_shutdown(a));
+        CASE_OK(cfx_shutdown(a));
         cfx_context_free(a);
     }
     if (b) {
-        SS_OK(cfx_shutdown(b));
+        CASE_OK(cfx_shutdown(b));
         cfx_context_free(b);
     }
     return failures;
@@ -94,8 +84,8 @@ int ss_case_overlapping(cfx_context *ctx)
     int failures = 0, rank = cfx_rank(ctx), size = cfx_size(ctx);
     int lo[2] = {0, 1}, hi[2] = {size - 2, size - 1};
     cfx_context *a = NULL, *b = NULL;
-    SS_OK(cfx_context_create_subset(ctx, lo, 2, &a));
-    SS_OK(cfx_context_create_subset(ctx, hi, 2, &b));
+    CASE_OK(cfx_context_create_subset(ctx, lo, 2, &a));
+    CASE_OK(cfx_context_create_subset(ctx, hi, 2, &b));
     for (int round = 0; round < 5; round++) {
         /* Both at once: submit on each, then wait for each. */
         double va = rank + round, vb = 10.0 * rank + round;
@@ -104,18 +94,18 @@ int ss_case_overlapping(cfx_context *ctx)
         cfx_tensor tb = {&vb, &one, 1, CFX_FLOAT64, CFX_DEVICE_CPU, NULL};
         cfx_handle ha = 0, hb = 0;
         if (a)
-            SS_OK(cfx_allreduce_async(a, "x", &ta, NULL, CFX_OP_SUM, 1.0, 1.0, &ha));
+            CASE_OK(cfx_allreduce_async(a, "x", &ta, NULL, CFX_OP_SUM, 1.0, 1.0, &ha));
         if (b)
-            SS_OK(cfx_allreduce_async(b, "x", &tb, NULL, CFX_OP_SUM, 1.0, 1.0, &hb));
+            CASE_OK(cfx_allreduce_async(b, "x", &tb, NULL, CFX_OP_SUM, 1.0, 1.0, &hb));
         if (a) {
-            SS_OK(cfx_wait(a, ha, 60.0));
+            CASE_OK(cfx_wait(a, ha, 60.0));
             cfx_handle_release(a, ha);
-            SS_CHECK(va == 0 + 1 + 2.0 * round, "round %d low: %g", round, va);
+            CASE_CHECK(va == 0 + 1 + 2.0 * round, "round %d low: %g", round, va);
         }
         if (b) {
-            SS_OK(cfx_wait(b, hb, 60.0));
+            CASE_OK(cfx_wait(b, hb, 60.0));
             cfx_handle_release(b, hb);
-            SS_CHECK(vb == 10.0 * (2 * size - 3) + 2.0 * round, "round %d high: %g", round, vb);
+            CASE_CHECK(vb == 10.0 * (2 * size - 3) + 2.0 * round, "round %d high: %g", round, vb);
         }
     }
     cfx_shutdown(a), cfx_shutdown(b);
@@ -133,12 +123,12 @@ int ss_case_repeated(cfx_context *ctx)
             if (r != round % size)
                 ranks[n++] = r;
         cfx_context *s = NULL;
-        SS_OK(cfx_context_create_subset(ctx, ranks, (size_t)n, &s));
+        CASE_OK(cfx_context_create_subset(ctx, ranks, (size_t)n, &s));
         char tag[32];
         snprintf(tag, sizeof tag, "round%d", round);
         failures += check_subset(ctx, s, ranks, n, tag);
         if (s)
-            SS_OK(cfx_shutdown(s));
+            CASE_OK(cfx_shutdown(s));
         cfx_context_free(s);
     }
     return failures;
@@ -153,33 +143,33 @@ int ss_case_gradset(cfx_context *ctx)
     if (size == 2)
         ranks[n++] = 0;
     cfx_context *s = NULL;
-    SS_OK(cfx_context_create_subset(ctx, ranks, (size_t)n, &s));
+    CASE_OK(cfx_context_create_subset(ctx, ranks, (size_t)n, &s));
     if (s) {
         cfx_gradset *set = NULL;
         int64_t shape[1] = {5};
         int32_t i0;
-        SS_OK(cfx_gradset_create(s, "sub", NULL, &set));
-        SS_OK(cfx_gradset_add(set, "w", &(cfx_tensor){NULL, shape, 1, CFX_FLOAT32, CFX_DEVICE_CPU,
+        CASE_OK(cfx_gradset_create(s, "sub", NULL, &set));
+        CASE_OK(cfx_gradset_add(set, "w", &(cfx_tensor){NULL, shape, 1, CFX_FLOAT32, CFX_DEVICE_CPU,
                                                       NULL}, &i0));
-        SS_OK(cfx_gradset_commit(set));
+        CASE_OK(cfx_gradset_commit(set));
         float *w = NULL;
-        SS_OK(cfx_gradset_data(set, i0, (void **)&w));
+        CASE_OK(cfx_gradset_data(set, i0, (void **)&w));
         for (int step = 0; step < 3 && w; step++) {
             for (int j = 0; j < 5; j++)
                 w[j] = (float)(rank * 4 + j + step);
-            SS_OK(cfx_gradset_ready(set, i0));
-            SS_OK(cfx_gradset_wait(set, 60.0));
+            CASE_OK(cfx_gradset_ready(set, i0));
+            CASE_OK(cfx_gradset_wait(set, 60.0));
             double want = 0;
             for (int i = 0; i < n; i++)
                 want += ranks[i] * 4 + 2 + step;
             want /= n;
-            SS_CHECK(w[2] == (float)want, "step %d: %g, expected %g", step, w[2], want);
+            CASE_CHECK(w[2] == (float)want, "step %d: %g, expected %g", step, w[2], want);
         }
         cfx_gradset_free(set);
         /* A subset of the subset: its first two ranks. */
         int inner[2] = {0, 1};
         cfx_context *ss = NULL;
-        SS_OK(cfx_context_create_subset(s, inner, 2, &ss));
+        CASE_OK(cfx_context_create_subset(s, inner, 2, &ss));
         int parent_ranks[2] = {ranks[0] < ranks[n - 1] ? ranks[0] : ranks[n - 1], 0};
         int sorted[8];
         memcpy(sorted, ranks, sizeof(int) * (size_t)n);
@@ -210,28 +200,28 @@ int ss_case_errors(cfx_context *ctx)
     char want[96];
     snprintf(want, sizeof want, "rank %d listed rank %d, outside the context's %d ranks", size - 1,
              size + 3, size);
-    SS_CHECK(st == CFX_ERR_INVALID_ARGUMENT && !s, "out of range: %s", cfx_status_string(st));
-    SS_CHECK(strstr(cfx_last_error(), want), "message: %s", cfx_last_error());
+    CASE_CHECK(st == CFX_ERR_INVALID_ARGUMENT && !s, "out of range: %s", cfx_status_string(st));
+    CASE_CHECK(strstr(cfx_last_error(), want), "message: %s", cfx_last_error());
     int dup[2] = {1, 1};
     st = cfx_context_create_subset(ctx, dup, 2, &s);
-    SS_CHECK(st == CFX_ERR_INVALID_ARGUMENT && strstr(cfx_last_error(), "twice"),
+    CASE_CHECK(st == CFX_ERR_INVALID_ARGUMENT && strstr(cfx_last_error(), "twice"),
              "duplicate: %s: %s", cfx_status_string(st), cfx_last_error());
     int mine[1] = {rank == 1 ? 1 : 0};
     st = cfx_context_create_subset(ctx, mine, 1, &s);
-    SS_CHECK(st == CFX_ERR_INVALID_ARGUMENT && strstr(cfx_last_error(), "disagree") &&
+    CASE_CHECK(st == CFX_ERR_INVALID_ARGUMENT && strstr(cfx_last_error(), "disagree") &&
              strstr(cfx_last_error(), "rank 0 passed [0], rank 1 passed [1]"),
              "disagreeing: %s: %s", cfx_status_string(st), cfx_last_error());
-    SS_CHECK(cfx_context_create_subset(ctx, rank == 0 ? NULL : mine, 1, &s) ==
+    CASE_CHECK(cfx_context_create_subset(ctx, rank == 0 ? NULL : mine, 1, &s) ==
              CFX_ERR_INVALID_ARGUMENT && strstr(cfx_last_error(), "rank 0 passed no list"),
              "NULL list on rank 0: %s", cfx_last_error());
     int many[9] = {0};
-    SS_CHECK(cfx_context_create_subset(ctx, many, (size_t)size + 1, &s) == CFX_ERR_INVALID_ARGUMENT &&
+    CASE_CHECK(cfx_context_create_subset(ctx, many, (size_t)size + 1, &s) == CFX_ERR_INVALID_ARGUMENT &&
              strstr(cfx_last_error(), "more ranks than the context has"), "too long: %s",
              cfx_last_error());
-    SS_CHECK(cfx_context_create_subset(NULL, mine, 1, &s) == CFX_ERR_NOT_INITIALIZED, "NULL context");
+    CASE_CHECK(cfx_context_create_subset(NULL, mine, 1, &s) == CFX_ERR_NOT_INITIALIZED, "NULL context");
     double v = 2;
-    SS_OK(sum1(ctx, "after", &v));
-    SS_CHECK(v == 2.0 * size, "the context after the errors: %g", v);
+    CASE_OK(sum1(ctx, "after", &v));
+    CASE_CHECK(v == 2.0 * size, "the context after the errors: %g", v);
     return failures;
 }
 
@@ -242,14 +232,14 @@ int ss_case_parent_shutdown(cfx_context *ctx)
     for (int r = 0; r < size; r++)
         all[r] = r;
     cfx_context *s = NULL;
-    SS_OK(cfx_context_create_subset(ctx, all, (size_t)size, &s));
+    CASE_OK(cfx_context_create_subset(ctx, all, (size_t)size, &s));
     double v = 1;
-    SS_OK(sum1(s, "before", &v));
-    SS_OK(cfx_shutdown(ctx));
-    SS_CHECK(!cfx_is_running(s), "the subset still runs after its parent's shutdown");
+    CASE_OK(sum1(s, "before", &v));
+    CASE_OK(cfx_shutdown(ctx));
+    CASE_CHECK(!cfx_is_running(s), "the subset still runs after its parent's shutdown");
     v = 1;
     cfx_status st = sum1(s, "after", &v);
-    SS_CHECK(st == CFX_ERR_SHUT_DOWN, "subset call after the parent's shutdown: %s",
+    CASE_CHECK(st == CFX_ERR_SHUT_DOWN, "subset call after the parent's shutdown: %s",
              cfx_status_string(st));
     cfx_context_free(s);
     return failures;
