@@ -192,6 +192,21 @@ class StepFinder(unittest.TestCase):
         self.assertEqual(len(an.steps.steps), 6)
         self.assertEqual(an.tl.duplicates, sum(1 for e in ev if e["ph"] != "M"))
 
+    def test_malformed_events_set_aside(self):
+        """Events of the wrong shape (as a damaged or hand-edited file has them) are counted and
+        left out; the steps come out as from the clean events (inputs the fuzz loop crashed on)."""
+        job = synth.training(nranks=2, steps=6)
+        ev = job.all_events()
+        bad = [None, [], {"ph": "X"}, {"ph": "X", "pid": 0, "tid": [1], "ts": 1.0},
+               {"ph": "X", "pid": "0", "tid": 1, "ts": 1.0, "cat": "collective"},
+               {"ph": "X", "pid": 0, "tid": 1, "ts": float("nan"), "cat": "collective"},
+               {"ph": "X", "pid": 0, "tid": 1, "ts": 1.0, "dur": None, "cat": "queued"},
+               {"ph": "M", "name": "thread_name", "pid": 0, "tid": 1, "args": None}]
+        an = cfx.Analysis(bad[:4] + ev + bad[4:])
+        self.assertEqual(an.tl.malformed, len(bad))
+        self.assertEqual(len(an.steps.steps), 6)
+        self.assertEqual(len(an.steps.steps), len(cfx.Analysis(ev).steps.steps))
+
     def test_critical_path_covers_every_step_once(self):
         job = synth.training(nranks=3, steps=25, metrics_every=5, offsets={1: 30.0},
                              stall=(12, 2, 3000.0))

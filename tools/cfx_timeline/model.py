@@ -9,6 +9,7 @@ NEGOTIATE start, a little before its QUEUED slice ends). A new occurrence starts
 current one already has, or at one that comes before the current one's last phase (a timeline
 started in the middle of a submission); QUEUED after a lone NEGOTIATE stays in the occurrence
 (the two swapped by a tool that sorted the events by time)."""
+import math
 from collections import defaultdict
 
 PHASES = ["queued", "negotiate", "pack", "collective", "unpack"]
@@ -58,6 +59,7 @@ class Timeline:
         self.ranks = []
         self.events = 0
         self.duplicates = 0      # identical events seen twice (a merged file given with its parts)
+        self.malformed = 0       # events without the fields (or types) the engine writes: set aside
         self.cycles = 0
         self.capped = False      # the size cap was reached on some rank
         self.names = []          # tensor names in order of first sight
@@ -97,6 +99,35 @@ def _key(e):
             e.get("dur"))
 
 
+def _number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _well_formed(e):
+    """Whether a trace event has the fields the summary reads, of the types the engine writes:
+    anything else (a hand-edited or damaged file) is counted in Timeline.malformed and set aside,
+    never a crash."""
+    if not isinstance(e, dict) or not isinstance(e.get("ph"), str):
+        return False
+    args = e.get("args", {})
+    if not isinstance(args, dict):
+        return False
+    if e["ph"] == "M":  # metadata: a lane's name needs its pid and tid
+        lane = e.get("name") == "thread_name"
+        return isinstance(e.get("name"), str) and isinstance(args.get("name", ""), str) and \
+            (not lane or (isinstance(e.get("tid"), (int, str)) and
+                          isinstance(e.get("pid"), (int, str))))
+    if not (isinstance(e.get("pid"), int) and not isinstance(e.get("pid"), bool)):
+        return False
+    if not isinstance(e.get("tid"), (int, str)) or isinstance(e.get("tid"), bool):
+        return False
+    if not isinstance(e.get("name", ""), str) or not isinstance(e.get("cat", ""), str):
+        return False
+    if not _number(e.get("ts")) or ("dur" in e and not (_number(e["dur"]) and e["dur"] >= 0)):
+        return False
+    return not any(isinstance(v, (list, dict)) for k, v in e.items() if k != "args")
+
+
 def build(events):
     """A Timeline from trace events, in the files' order (per lane, the order they were written)."""
     tl = Timeline()
@@ -105,6 +136,9 @@ def build(events):
     seen = set()
     timed = []
     for i, e in enumerate(events):
+        if not _well_formed(e):
+            tl.malformed += 1
+            continue
         ph = e.get("ph")
         if ph == "M":
             if e.get("name") == "thread_name":

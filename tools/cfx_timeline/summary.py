@@ -90,6 +90,7 @@ def summarize(an):
     periods = [p for p in (st.period(k) for k in st.steady) if p is not None]
     out = {
         "ranks": tl.ranks, "events": tl.events, "duplicates_dropped": tl.duplicates,
+        "malformed_dropped": tl.malformed,
         "cycles": tl.cycles, "capped": tl.capped,
         "phase_totals_us": _phase_union(every, tl.ranks),
         "step_finder": {"source": st.source, "names": st.names, "count": len(st.steps),
@@ -140,6 +141,9 @@ def print_summary(s, top=10, all_steps=False, out=sys.stdout):
     w = out.write
     sf = s["step_finder"]
     w("ranks %s, %d events, %d cycle marks\n" % (s["ranks"], s["events"], s["cycles"]))
+    if s["malformed_dropped"]:
+        w("(%d malformed events set aside: fields missing or of the wrong type)\n"
+          % s["malformed_dropped"])
     if s["duplicates_dropped"]:
         w("(%d duplicate events dropped: a merged file given with its parts?)\n"
           % s["duplicates_dropped"])
