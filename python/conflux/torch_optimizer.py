@@ -178,6 +178,30 @@ class _GradSet:
             p.grad.copy_(stage)
 
 
+def _checked_names(optimizer, named_parameters):
+    """named_parameters as a list of (name, parameter), checked as Horovod checks them."""
+    if named_parameters is not None:
+        named_parameters = list(named_parameters)
+    else:
+        named_parameters = [("allreduce.noname.%s.%s" % (g, i), v)
+                            for g, group in enumerate(optimizer.param_groups)
+                            for i, v in enumerate(group["params"])]
+    if any(not isinstance(p, tuple) for p in named_parameters):
+        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                         "usually produced by model.named_parameters().")
+    names = [k for k, _ in named_parameters]
+    dups = sorted({n for n in names if names.count(n) > 1})
+    if dups:
+        raise ValueError("Parameter names in named_parameters must be unique. Found duplicates: "
+                         "%s" % ", ".join(dups))
+    all_ids = {id(v) for group in optimizer.param_groups for v in group["params"]}
+    unnamed = all_ids - {id(v) for _, v in named_parameters}
+    if unnamed:
+        raise ValueError("named_parameters was specified, but one or more model parameters were "
+                         "not named. Python object ids: %s" % ", ".join(str(i) for i in unnamed))
+    return named_parameters
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, gradient_storage):
@@ -194,26 +218,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.gradient_predivide_factor = float(gradient_predivide_factor)
         self.gradient_storage = gradient_storage
 
-        if named_parameters is not None:
-            named_parameters = list(named_parameters)
-        else:
-            named_parameters = [("allreduce.noname.%s.%s" % (g, i), v)
-                                for g, group in enumerate(self.param_groups)
-                                for i, v in enumerate(group["params"])]
-        if any(not isinstance(p, tuple) for p in named_parameters):
-            raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
-                             "usually produced by model.named_parameters().")
-        names = [k for k, _ in named_parameters]
-        dups = sorted({n for n in names if names.count(n) > 1})
-        if dups:
-            raise ValueError("Parameter names in named_parameters must be unique. Found duplicates: %s"
-                             % ", ".join(dups))
-        all_ids = {id(v) for group in self.param_groups for v in group["params"]}
-        named_ids = {id(v) for _, v in named_parameters}
-        unnamed = all_ids - named_ids
-        if unnamed:
-            raise ValueError("named_parameters was specified, but one or more model parameters were "
-                             "not named. Python object ids: %s" % ", ".join(str(i) for i in unnamed))
+        named_parameters = _checked_names(self, named_parameters)
         self._parameter_names = {v: k for k, v in named_parameters}
         self.backward_passes_per_step = int(backward_passes_per_step)
         if self.backward_passes_per_step < 1:

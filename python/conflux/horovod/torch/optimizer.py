@@ -9,35 +9,11 @@ import warnings
 
 import torch
 
-from conflux.torch_optimizer import _DistributedOptimizer as _PerCall, _after_accumulation
+from conflux.torch_optimizer import _DistributedOptimizer as _PerCall, _after_accumulation, _checked_names
 
 from . import mpi_ops as _mpi
 from .compression import Compression
 from .mpi_ops import Adasum, Average, Max, Min, Product, Sum, global_process_set, size
-
-
-def _checked_names(optimizer, named_parameters):
-    """named_parameters as a list of (name, parameter), checked as Horovod checks them."""
-    if named_parameters is not None:
-        named_parameters = list(named_parameters)
-    else:
-        named_parameters = [("allreduce.noname.%s.%s" % (g, i), v)
-                            for g, group in enumerate(optimizer.param_groups)
-                            for i, v in enumerate(group["params"])]
-    if any(not isinstance(p, tuple) for p in named_parameters):
-        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
-                         "usually produced by model.named_parameters().")
-    names = [k for k, _ in named_parameters]
-    dups = sorted({n for n in names if names.count(n) > 1})
-    if dups:
-        raise ValueError("Parameter names in named_parameters must be unique. Found duplicates: "
-                         "%s" % ", ".join(dups))
-    all_ids = {id(v) for group in optimizer.param_groups for v in group["params"]}
-    unnamed = all_ids - {id(v) for _, v in named_parameters}
-    if unnamed:
-        raise ValueError("named_parameters was specified, but one or more model parameters were "
-                         "not named. Python object ids: %s" % ", ".join(str(i) for i in unnamed))
-    return named_parameters
 
 
 def _check_groups(groups):
