@@ -67,7 +67,7 @@ local DTYPE = {}
 for code = 0, 10 do DTYPE[core.cfx_dtype_name(code)] = code end
 local function C(name) return math.tointeger(core[name]) end
 local OP = { sum = C "CFX_OP_SUM", average = C "CFX_OP_AVERAGE", min = C "CFX_OP_MIN",
-             max = C "CFX_OP_MAX", product = C "CFX_OP_PRODUCT" }
+             max = C "CFX_OP_MAX", product = C "CFX_OP_PRODUCT", adasum = C "CFX_OP_ADASUM" }
 local TRANSPORT = { auto = C "CFX_TRANSPORT_AUTO", mpi = C "CFX_TRANSPORT_MPI",
                     ["local"] = C "CFX_TRANSPORT_LOCAL" }
 local ERR_TIMEOUT = C "CFX_ERR_TIMEOUT"
@@ -539,7 +539,7 @@ function Subset:__tostring()
 end
 
 --- The blocking forms take the same arguments as the async ones and return the result:
---   allreduce(data [, opts]) with opts { op = "sum"|"average"|"min"|"max"|"product", name = string,
+--   allreduce(data [, opts]) with opts { op = "sum"|"average"|"min"|"max"|"product"|"adasum", name = string,
 --     prescale = n, postscale = n, dtype = string (tables; default "float64") } or opts = an op name;
 --     in place: the result is `data`.
 --   allgather(data [, opts]) with opts { name =, dtype = } or a name: every rank's data concatenated

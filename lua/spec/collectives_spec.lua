@@ -70,6 +70,22 @@ describe("conflux collectives", function()
     end
   end)
 
+  it("combines with Adasum: orthogonal contributions to their sum, identical ones to themselves", function()
+    local o = cfx.array("float32", 8)
+    for i = 1, 8 do o[i] = 0 end
+    o[rank + 1] = rank + 1
+    cfx.allreduce(o, { op = "adasum", name = "l.adasum.orthogonal" })
+    for i = 1, 8 do
+      assert.are.equal(i <= size and i or 0, o[i])
+    end
+    local same = {}
+    for i = 1, 8 do same[i] = 0.5 * i - 1 end
+    cfx.allreduce(same, { op = "adasum", name = "l.adasum.identical" })
+    for i = 1, 8 do
+      assert.is_true(math.abs(same[i] - (0.5 * i - 1)) < 1e-12, ("element %d: %s"):format(i, same[i]))
+    end
+  end)
+
   it("allreduces a table (copied in and back, float64 by default)", function()
     local t = {}
     for i = 1, 100 do t[i] = S.value(rank, i) + 0.25 end

@@ -11,7 +11,13 @@ public enum ReduceOp {
     /** Element-wise maximum. */
     MAX(cfx_reduce_op.CFX_OP_MAX),
     /** Element-wise product. */
-    PRODUCT(cfx_reduce_op.CFX_OP_PRODUCT);
+    PRODUCT(cfx_reduce_op.CFX_OP_PRODUCT),
+    /**
+     * Adaptive summation (Adasum): pairs combine as (1 - a.b / 2|a|^2) a + (1 - a.b / 2|b|^2) b,
+     * per tensor, with dot products in float64; float16, bfloat16, float32 and float64 allreduces
+     * only (docs/c-api.md). Orthogonal contributions give their sum, identical ones themselves.
+     */
+    ADASUM(cfx_reduce_op.CFX_OP_ADASUM);
 
     final int code;
 

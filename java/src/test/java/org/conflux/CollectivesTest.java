@@ -129,6 +129,26 @@ class CollectivesTest extends OnSharedContext {
     }
 
     @Test
+    void b04a_allreduceAdasum() {
+        // Orthogonal contributions (rank r: r + 1 at element r) combine to their sum.
+        float[] o = new float[8];
+        o[rank] = rank + 1;
+        cfx.allreduce("t.adasum.orthogonal", o, ReduceOp.ADASUM);
+        for (int i = 0; i < o.length; i++) {
+            assertEquals(i < size ? (float) (i + 1) : 0f, o[i], "orthogonal, element " + i);
+        }
+        // Identical contributions combine to themselves.
+        double[] same = new double[8];
+        for (int i = 0; i < same.length; i++) {
+            same[i] = 0.5 * i - 1;
+        }
+        cfx.allreduce("t.adasum.identical", same, ReduceOp.ADASUM);
+        for (int i = 0; i < same.length; i++) {
+            assertEquals(0.5 * i - 1, same[i], 1e-12, "identical, element " + i);
+        }
+    }
+
+    @Test
     void b05_allreduceByteBufferWithDtypeAndScales() {
         ByteBuffer bb = direct(8 * 10);
         for (int i = 0; i < 10; i++) {
