@@ -78,6 +78,12 @@
 %ignore cfx_handle_splits;
 %ignore cfx_handle_join_rank;
 %ignore cfx_allreduce_async;
+/* Per-call options: cfxj_allreduce takes every field (Conflux.AllreduceOptions on the Java side). */
+%ignore CFX_ALLREDUCE_OPTIONS_VERSION;
+%ignore CFX_COMPRESSION_COUNT;
+%ignore cfx_allreduce_options;
+%ignore cfx_allreduce_options_init;
+%ignore cfx_allreduce_async_opts;
 %ignore cfx_grouped_allreduce_async;
 %ignore cfx_allgather_async;
 %ignore cfx_grouped_allgather_async;
@@ -242,6 +248,25 @@ cfx_handle cfxj_allreduce(cfx_context *ctx, const char *name, int64_t data, int6
     return cfxj_handle_or_zero(s, h);
 }
 
+/* cfx_allreduce_async_opts with every field of cfx_allreduce_options spelled out. */
+cfx_handle cfxj_allreduce_opts(cfx_context *ctx, const char *name, int64_t data, int64_t count,
+                               int32_t dtype, int32_t op, double prescale, double postscale,
+                               int32_t compression) {
+    int64_t shape[1];
+    cfx_tensor t = cfxj_tensor(data, count, dtype, shape);
+    cfx_handle h = 0;
+    cfx_allreduce_options o;
+    cfx_status s = cfx_allreduce_options_init(&o, CFX_ALLREDUCE_OPTIONS_VERSION);
+    if (s == CFX_OK) {
+        o.op = op;
+        o.prescale = prescale;
+        o.postscale = postscale;
+        o.compression = compression;
+        s = cfx_allreduce_async_opts(ctx, name, &t, NULL, &o, &h);
+    }
+    return cfxj_handle_or_zero(s, h);
+}
+
 cfx_handle cfxj_allgather(cfx_context *ctx, const char *name, int64_t data, int64_t count,
                           int32_t dtype) {
     int64_t shape[1];
@@ -400,7 +425,7 @@ int cfxj_bench_c_allreduce(JNIEnv *jenv, cfx_context *ctx, jdoubleArray out) {
 /* cfx_gradset_create with every option spelled out; 0 on failure (status recorded). */
 int64_t cfxj_gradset_create(cfx_context *ctx, const char *name, int32_t op, int64_t bucket_bytes,
                             int32_t accumulate_steps, double prescale, double postscale,
-                            int32_t owned) {
+                            int32_t owned, int32_t compression, int32_t error_feedback) {
     cfx_gradset_options o;
     cfx_gradset *set = NULL;
     cfx_status s = cfx_gradset_options_init(&o, CFX_GRADSET_OPTIONS_VERSION);
@@ -411,6 +436,8 @@ int64_t cfxj_gradset_create(cfx_context *ctx, const char *name, int32_t op, int6
         o.prescale = prescale;
         o.postscale = postscale;
         o.owned = owned;
+        o.compression = compression;
+        o.error_feedback = error_feedback;
         s = cfx_gradset_create(ctx, name, &o, &set);
     }
     if (s != CFX_OK) {

@@ -135,6 +135,55 @@ public final class Conflux implements AutoCloseable {
         }
     }
 
+    /**
+     * Per-call options of an allreduce (the C ABI's {@code cfx_allreduce_options}): the reduction,
+     * the scale factors and the {@link Compression}. The defaults are SUM, 1, 1 and
+     * {@link Compression#NONE}. An options object holds no state of a call and may be reused and
+     * shared between threads once set up.
+     *
+     * <pre>{@code
+     * Conflux.AllreduceOptions half = new Conflux.AllreduceOptions()
+     *         .op(ReduceOp.AVERAGE).compression(Compression.FP16);
+     * cfx.allreduce("grad.fc1", grad, half);
+     * }</pre>
+     */
+    public static final class AllreduceOptions {
+        ReduceOp op = ReduceOp.SUM;
+        double prescale = 1.0;
+        double postscale = 1.0;
+        Compression compression = Compression.NONE;
+
+        /** The reduction (default SUM). */
+        public AllreduceOptions op(ReduceOp v) {
+            if (v == null) {
+                throw new IllegalArgumentException("Conflux.AllreduceOptions.op: null");
+            }
+            op = v;
+            return this;
+        }
+
+        /** Applied to each rank's values before the reduction (default 1). */
+        public AllreduceOptions prescale(double v) {
+            prescale = v;
+            return this;
+        }
+
+        /** Applied to the result (default 1; AVERAGE divides by the size as well). */
+        public AllreduceOptions postscale(double v) {
+            postscale = v;
+            return this;
+        }
+
+        /** How the values travel (default NONE): float32 and float64 tensors only. */
+        public AllreduceOptions compression(Compression v) {
+            if (v == null) {
+                throw new IllegalArgumentException("Conflux.AllreduceOptions.compression: null");
+            }
+            compression = v;
+            return this;
+        }
+    }
+
     /** How long close() waits for each pending handle after shutdown (they complete at once). */
     private static final double CLOSE_WAIT_SECONDS = 30.0;
 
@@ -298,6 +347,38 @@ public final class Conflux implements AutoCloseable {
     }
 
     // ---- allreduce ---------------------------------------------------------------------------------
+
+    /**
+     * Reduces {@code data} (any array or direct buffer the other forms take) across ranks in place
+     * as {@code options} say, and returns it.
+     */
+    public <T> T allreduce(String name, T data, AllreduceOptions options) {
+        return this.<T>allreduceAsync(name, data, options).await();
+    }
+
+    /** Asynchronous {@link #allreduce(String, Object, AllreduceOptions)}. */
+    public <T> Handle<T> allreduceAsync(String name, T data, AllreduceOptions options) {
+        return submitAllreduce(name, data, null, options);
+    }
+
+    /** {@link #allreduce(String, Object, AllreduceOptions)} on a ByteBuffer holding elements of {@code dtype}. */
+    public ByteBuffer allreduce(String name, ByteBuffer data, DType dtype, AllreduceOptions options) {
+        return allreduceAsync(name, data, dtype, options).await();
+    }
+
+    /** Asynchronous {@link #allreduce(String, ByteBuffer, DType, AllreduceOptions)}. */
+    public Handle<ByteBuffer> allreduceAsync(String name, ByteBuffer data, DType dtype, AllreduceOptions options) {
+        return submitAllreduce(name, data, dtype, options);
+    }
+
+    private <T> Handle<T> submitAllreduce(String name, Object data, DType byteType, AllreduceOptions o) {
+        if (o == null) {
+            throw new IllegalArgumentException("Conflux: allreduce options are null");
+        }
+        return submit(Handle.Kind.ALLREDUCE, name, data, byteType, o.op, o.prescale, o.postscale, 0, null,
+                o.compression);
+    }
+
 
     /** Reduces {@code data} across ranks in place and returns it. */
     public float[] allreduce(String name, float[] data, ReduceOp op) {
@@ -737,6 +818,12 @@ public final class Conflux implements AutoCloseable {
 
     private <T> Handle<T> submit(Handle.Kind kind, String name, Object data, DType byteType, ReduceOp op,
                                  double prescale, double postscale, int root, long[] splits) {
+        return submit(kind, name, data, byteType, op, prescale, postscale, root, splits, Compression.NONE);
+    }
+
+    private <T> Handle<T> submit(Handle.Kind kind, String name, Object data, DType byteType, ReduceOp op,
+                                 double prescale, double postscale, int root, long[] splits,
+                                 Compression compression) {
         long p = ptr();
         boolean reduces = kind == Handle.Kind.ALLREDUCE || kind == Handle.Kind.REDUCESCATTER;
         if (reduces && op == null) {
@@ -749,7 +836,10 @@ public final class Conflux implements AutoCloseable {
         int dt = o.dtype.code;
         switch (kind) {
             case ALLREDUCE:
-                h = ConfluxNative.cfxj_allreduce(p, name, o.address, o.count, dt, op.code, prescale, postscale);
+                h = compression == Compression.NONE
+                        ? ConfluxNative.cfxj_allreduce(p, name, o.address, o.count, dt, op.code, prescale, postscale)
+                        : ConfluxNative.cfxj_allreduce_opts(p, name, o.address, o.count, dt, op.code, prescale,
+                                postscale, compression.code);
                 break;
             case BROADCAST:
                 h = ConfluxNative.cfxj_broadcast(p, name, o.address, o.count, dt, root);

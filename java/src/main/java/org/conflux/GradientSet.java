@@ -36,6 +36,8 @@ public final class GradientSet implements AutoCloseable {
         int accumulateSteps = 1;
         double prescale = 1.0;
         double postscale = 1.0;
+        Compression compression = Compression.NONE;
+        boolean errorFeedback = false;
 
         /** The reduction (default AVERAGE). */
         public Options op(ReduceOp op) {
@@ -69,6 +71,28 @@ public final class GradientSet implements AutoCloseable {
             this.postscale = factor;
             return this;
         }
+
+        /**
+         * How the buckets travel (default NONE; docs/c-api.md "Compression"): float32 and float64
+         * gradients only, the same on every rank (a {@link MismatchException} at commit otherwise).
+         */
+        public Options compression(Compression c) {
+            if (c == null) {
+                throw new IllegalArgumentException("GradientSet.Options.compression: null");
+            }
+            this.compression = c;
+            return this;
+        }
+
+        /**
+         * Error feedback (default off; needs a compression): each rank keeps what the rounding took
+         * from the values it packed and adds it to the next step's, so small gradients still move
+         * the parameters over the steps. Buckets then go out one by one.
+         */
+        public Options errorFeedback(boolean on) {
+            this.errorFeedback = on;
+            return this;
+        }
     }
 
     private final Conflux cfx;
@@ -87,7 +111,8 @@ public final class GradientSet implements AutoCloseable {
         this.cfx = cfx;
         this.name = name;
         long s = ConfluxNative.cfxj_gradset_create(cfx.ptr(), name, options.op.code, options.bucketBytes,
-                options.accumulateSteps, options.prescale, options.postscale, 1);
+                options.accumulateSteps, options.prescale, options.postscale, 1, options.compression.code,
+                options.errorFeedback ? 1 : 0);
         if (s == 0) {
             throw Conflux.lastError();
         }

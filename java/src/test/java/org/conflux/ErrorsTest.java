@@ -91,7 +91,7 @@ class ErrorsTest extends OnSharedContext {
         ByteBuffer seven = ByteBuffer.allocateDirect(7);
         assertThrows(IllegalArgumentException.class, () -> cfx.allreduce("x", seven, DType.FLOAT32, ReduceOp.SUM));
         assertThrows(IllegalArgumentException.class, () -> cfx.allreduce("x", (float[]) null, ReduceOp.SUM));
-        assertThrows(IllegalArgumentException.class, () -> cfx.allreduce("x", new float[2], null));
+        assertThrows(IllegalArgumentException.class, () -> cfx.allreduce("x", new float[2], (ReduceOp) null));
         assertThrows(IllegalArgumentException.class, () -> cfx.allreduce("x", "not data", ReduceOp.SUM, 1, 1));
         assertThrows(IllegalArgumentException.class, () -> cfx.broadcast("x", new float[2], -1));
         assertThrows(IllegalArgumentException.class, () -> cfx.broadcast("x", new float[2], size));
