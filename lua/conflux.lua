@@ -68,10 +68,17 @@ for code = 0, 10 do DTYPE[core.cfx_dtype_name(code)] = code end
 local function C(name) return math.tointeger(core[name]) end
 local OP = { sum = C "CFX_OP_SUM", average = C "CFX_OP_AVERAGE", min = C "CFX_OP_MIN",
              max = C "CFX_OP_MAX", product = C "CFX_OP_PRODUCT", adasum = C "CFX_OP_ADASUM" }
+local COMPRESSION = { none = C "CFX_COMPRESSION_NONE", fp16 = C "CFX_COMPRESSION_FP16",
+                      bf16 = C "CFX_COMPRESSION_BF16",
+                      fp16_everywhere = C "CFX_COMPRESSION_FP16_EVERYWHERE",
+                      bf16_everywhere = C "CFX_COMPRESSION_BF16_EVERYWHERE" }
 local TRANSPORT = { auto = C "CFX_TRANSPORT_AUTO", mpi = C "CFX_TRANSPORT_MPI",
                     ["local"] = C "CFX_TRANSPORT_LOCAL" }
 local ERR_TIMEOUT = C "CFX_ERR_TIMEOUT"
 local ERR_OUT_OF_MEMORY = C "CFX_ERR_OUT_OF_MEMORY"
+M.compressions = {}
+for name in pairs(COMPRESSION) do M.compressions[#M.compressions + 1] = name end
+table.sort(M.compressions)
 M.dtypes = {}
 for name in pairs(DTYPE) do M.dtypes[#M.dtypes + 1] = name end
 table.sort(M.dtypes)
@@ -85,6 +92,15 @@ end
 local function op_code(name, level)
   local c = OP[name or "sum"]
   if not c then argerror("unknown reduction op " .. tostring(name), level + 1) end
+  return c
+end
+
+local function compression_code(name, level)
+  local c = COMPRESSION[name or "none"]
+  if not c then
+    argerror("unknown compression " .. tostring(name) ..
+             " (none, fp16, bf16, fp16_everywhere, bf16_everywhere)", level + 1)
+  end
   return c
 end
 
@@ -353,9 +369,10 @@ function start.allreduce(level, data, opts)
   opts = options(opts, "op", level + 1)
   local name = check_name(opts, level + 1)
   local op = op_code(opts.op, level + 1)
+  local z = compression_code(opts.compression, level + 1)
   local a, t = operand(data, opts, level + 1)
   sweep()
-  local id, st, msg = core.allreduce(c, name, a, op, opts.prescale or 1.0, opts.postscale or 1.0)
+  local id, st, msg = core.allreduce(c, name, a, op, opts.prescale or 1.0, opts.postscale or 1.0, z)
   if not id then raise(st, msg, level + 1) end
   return id, name, a, t
 end
@@ -400,6 +417,9 @@ function start.reducescatter(level, data, opts)
   opts = options(opts, "op", level + 1)
   local name = check_name(opts, level + 1)
   local op = op_code(opts.op, level + 1)
+  if opts.compression ~= nil and opts.compression ~= "none" then
+    argerror("compression applies to allreduce (and gradient sets), not reducescatter", level + 1)
+  end
   local a, t = operand(data, opts, level + 1)
   sweep()
   local id, st, msg = core.reducescatter(c, name, a, op, opts.prescale or 1.0, opts.postscale or 1.0)
@@ -540,8 +560,9 @@ end
 
 --- The blocking forms take the same arguments as the async ones and return the result:
 --   allreduce(data [, opts]) with opts { op = "sum"|"average"|"min"|"max"|"product"|"adasum", name = string,
---     prescale = n, postscale = n, dtype = string (tables; default "float64") } or opts = an op name;
---     in place: the result is `data`.
+--     prescale = n, postscale = n, dtype = string (tables; default "float64"),
+--     compression = "none"|"fp16"|"bf16"|"fp16_everywhere"|"bf16_everywhere" (float32 and float64
+--     only; docs/lua.md "Compression") } or opts = an op name; in place: the result is `data`.
 --   allgather(data [, opts]) with opts { name =, dtype = } or a name: every rank's data concatenated
 --     in rank order (lengths may differ); h:splits() gives each rank's length.
 --   broadcast(data, root [, opts]): root's data into `data` on every rank, in place.
@@ -619,8 +640,10 @@ local function gs_native(self, level)
 end
 
 --- cfx.gradient_set{ name = ..., op = "average", bucket_bytes = 0, accumulate_steps = 1,
--- prescale = 1, postscale = 1, owned = true }: a set of gradients registered once and reduced
--- together every step (docs/lua.md "Gradient sets").
+-- prescale = 1, postscale = 1, owned = true, compression = "none", error_feedback = false }: a set
+-- of gradients registered once and reduced together every step (docs/lua.md "Gradient sets").
+-- compression as for allreduce; error_feedback (with a compression) carries what the rounding took
+-- from this rank's values into the next step's.
 function M.gradient_set(opts)
   if type(opts) ~= "table" or type(opts.name) ~= "string" then
     argerror("cfx.gradient_set{ name = ... } needs a name (the same on every rank)", 2)
@@ -628,9 +651,12 @@ function M.gradient_set(opts)
   local c = context(2)
   local owned = opts.owned
   if owned == nil then owned = true end
+  local ef = opts.error_feedback
+  if ef ~= nil and type(ef) ~= "boolean" then argerror("error_feedback must be a boolean", 2) end
   local set, st, msg = core.gradset_new(c, opts.name, op_code(opts.op or "average", 2),
                                         opts.bucket_bytes, opts.accumulate_steps, opts.prescale,
-                                        opts.postscale, owned)
+                                        opts.postscale, owned,
+                                        compression_code(opts.compression, 2), ef)
   if not set then raise(st, msg, 2) end
   local self = setmetatable({ name = opts.name, owned = owned, _set = set, _index = {},
                               _count = 0 }, GradientSet)

@@ -31,6 +31,11 @@
 %ignore cfx_handle_splits;
 %ignore cfx_handle_join_rank;
 %ignore cfx_allreduce_async;
+%ignore cfx_allreduce_options; /* per-call options: allreduce's compression argument */
+%ignore cfx_allreduce_options_init;
+%ignore cfx_allreduce_async_opts;
+%ignore CFX_ALLREDUCE_OPTIONS_VERSION;
+%ignore CFX_COMPRESSION_COUNT;
 %ignore cfx_grouped_allreduce_async;
 %ignore cfx_allgather_async;
 %ignore cfx_grouped_allgather_async;
@@ -532,16 +537,30 @@ static int cfxl_push_handle(lua_State *L, cfx_status s, cfx_handle h) {
     return 1;
 }
 
+/* allreduce(ctx, name, array, op [, prescale, postscale [, compression]]) -> handle | nil, status,
+ * message; a compression other than NONE goes through cfx_allreduce_async_opts. */
 static int cfxl_allreduce(lua_State *L) {
     cfx_context *ctx = cfxl_ctx(L, 1);
     const char *name = luaL_optstring(L, 2, NULL);
     cfxl_array *a = cfxl_check_array(L, 3);
     int op = (int)luaL_checkinteger(L, 4);
     double pre = luaL_optnumber(L, 5, 1.0), post = luaL_optnumber(L, 6, 1.0);
+    int32_t compression = (int32_t)luaL_optinteger(L, 7, CFX_COMPRESSION_NONE);
     int64_t shape[1];
     cfx_tensor t = cfxl_tensor(a, shape);
     cfx_handle h = 0;
-    cfx_status s = cfx_allreduce_async(ctx, name, &t, NULL, (cfx_reduce_op)op, pre, post, &h);
+    cfx_status s;
+    if (compression == CFX_COMPRESSION_NONE) {
+        s = cfx_allreduce_async(ctx, name, &t, NULL, (cfx_reduce_op)op, pre, post, &h);
+    } else {
+        cfx_allreduce_options o;
+        s = cfx_allreduce_options_init(&o, CFX_ALLREDUCE_OPTIONS_VERSION);
+        o.op = op;
+        o.prescale = pre;
+        o.postscale = post;
+        o.compression = compression;
+        if (s == CFX_OK) s = cfx_allreduce_async_opts(ctx, name, &t, NULL, &o, &h);
+    }
     return cfxl_push_handle(L, s, h);
 }
 
@@ -715,8 +734,8 @@ static cfxl_gradset *cfxl_check_gradset(lua_State *L, int idx) {
     return g;
 }
 
-/* gradset_new(ctx, name, op, bucket_bytes, accumulate_steps, prescale, postscale, owned)
- * -> set | nil, status, message */
+/* gradset_new(ctx, name, op, bucket_bytes, accumulate_steps, prescale, postscale, owned,
+ * compression, error_feedback) -> set | nil, status, message */
 static int cfxl_gradset_new(lua_State *L) {
     cfx_context *ctx = cfxl_ctx(L, 1);
     const char *name = luaL_checkstring(L, 2);
@@ -730,6 +749,8 @@ static int cfxl_gradset_new(lua_State *L) {
     o.prescale = luaL_optnumber(L, 6, o.prescale);
     o.postscale = luaL_optnumber(L, 7, o.postscale);
     o.owned = lua_isnoneornil(L, 8) ? 1 : lua_toboolean(L, 8);
+    o.compression = (int32_t)luaL_optinteger(L, 9, o.compression);
+    o.error_feedback = lua_toboolean(L, 10);
     g = (cfxl_gradset *)lua_newuserdatauv(L, sizeof *g, 1);
     g->set = NULL;
     g->owned = o.owned;
