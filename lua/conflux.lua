@@ -737,6 +737,14 @@ function GradientSet:free()
 end
 GradientSet.__close = GradientSet.free
 
+--- For bench/lang: n steps of the committed set issued from C (every gradient marked ready in
+-- reverse order of adds, then wait), their times in us.
+function M._bench_c_gradset(gs, n)
+  local t, st, msg = core.bench_c_gradset(gs_native(gs, 2), gs._count, n)
+  if not t then raise(st, msg, 2) end
+  return t
+end
+
 function GradientSet:__tostring()
   return string.format("conflux.gradient_set('%s', %d gradients%s)", self.name, self._count,
                        not self._set and ", freed" or self._committed and ", committed" or "")

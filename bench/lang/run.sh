@@ -1,17 +1,23 @@
 #!/bin/sh
-# bench/lang/run.sh [BUILD_DIR] [ROUNDS] [ITERS]: per-call overhead of a 1-element float32 allreduce
+# bench/lang/run.sh [BUILD_DIR] [ROUNDS] [ITERS] [STEPS]: per-call overhead of a 1-element float32 allreduce
 # (enqueue + wait) from C, Java, Lua and Python (when BUILD_DIR/python is built), in one run at 2 ranks. Each Java and Lua process also times
 # the same call made from C in that process, interleaved in blocks with its own calls, so that the
 # comparison holds under whatever load the machine has; the standalone C program is the process-level
 # reference. ROUNDS rounds of C, Java, Lua, Python in turn; ITERS timed calls per path and round.
-# Prints each round's rank-0 medians (us) and, at the end, the median over rounds per path.
+# Then, per round, a gradient-set step of ResNet-50 (bench/workloads/resnet50.tsv) from Java and
+# Lua (GradientStep.java, gradient_step.lua), each beside the same step on the same set issued from
+# C in that process; STEPS timed steps per path and round (default 40).
+# Prints each round's rank-0 medians (us) and, at the end, the median over rounds per path and the
+# gradient-set ratios binding / C.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$here/../.." && pwd)
 build=$(cd "${1:-$src/build}" && pwd)
 rounds=${2:-3}
 iters=${3:-5000}
+steps=${4:-40}
 warm=$((iters / 5))
+workload=$src/bench/workloads/resnet50.tsv
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
@@ -32,6 +38,9 @@ while [ "$r" -le "$rounds" ]; do
   elif [ "$r" -eq 1 ]; then
     echo "run.sh: no Python rows ($build/python/conflux is not built)"
   fi
+  $mpi java -XX:+UseSerialGC -cp "$build/java/conflux.jar" "$here/GradientStep.java" "$workload" "$steps" 4 |
+    tee -a "$tmp/all"
+  $mpi lua5.4 "$here/gradient_step.lua" "$workload" "$steps" 4 | tee -a "$tmp/all"
   r=$((r + 1))
 done
 echo "--- 1-element allreduce, np 2: median over $rounds rounds of each round's median and p10 (us);"
@@ -42,6 +51,11 @@ awk 'function med(list,   a, m, x, y, t) {
        return a[int((m + 1) / 2)]
      }
      { v[$1] = v[$1] " " $2; p[$1] = p[$1] " " $3 }
+     # gradient sets: each round'"'"'s ratio binding / C of medians and of minima ($5), same process
+     $1 == "c-gradset-in-java" || $1 == "c-gradset-in-lua" { cm = $2; cmin = $5 }
+     ($1 == "java-gradset" || $1 == "lua-gradset") && cm > 0 && cmin > 0 {
+       rm[$1] = rm[$1] " " $2 / cm; rn[$1] = rn[$1] " " $5 / cmin
+     }
      END {
        n = split("c c-in-java java-array java-buffer c-in-lua lua-array lua-table", k, " ")
        base["c"] = "c"; base["c-in-java"] = "c"; base["c-in-lua"] = "c"
@@ -52,9 +66,21 @@ awk 'function med(list,   a, m, x, y, t) {
          base["c-in-python"] = "c"
          for (i = 1; i <= 6; i++) if (pk[i] in v) { k[++n] = pk[i]; if (i > 1) base[pk[i]] = "c-in-python" }
        }
+       split("c-gradset-in-java java-gradset c-gradset-in-lua lua-gradset", gk, " ")
+       base["c-gradset-in-java"] = "c-gradset-in-java"; base["java-gradset"] = "c-gradset-in-java"
+       base["c-gradset-in-lua"] = "c-gradset-in-lua"; base["lua-gradset"] = "c-gradset-in-lua"
+       for (i = 1; i <= 4; i++) if (gk[i] in v) k[++n] = gk[i]
        for (i = 1; i <= n; i++) { m[k[i]] = med(v[k[i]]); q[k[i]] = med(p[k[i]]) }
        printf "%-14s %10s %10s %12s %12s\n", "path", "median", "p10", "median-base", "p10-base"
        for (i = 1; i <= n; i++)
          printf "%-14s %10.2f %10.2f %+12.2f %+12.2f  (base %s)\n", k[i], m[k[i]], q[k[i]],
                 m[k[i]] - m[base[k[i]]], q[k[i]] - q[base[k[i]]], base[k[i]]
-     }' "$tmp/all"
+       if (!("java-gradset" in rm) && !("lua-gradset" in rm)) exit
+       printf "--- gradient-set step, ResNet-50 (%s float32 gradients, owned storage, ready in reverse\n", tensors
+       printf "    registration order, wait), np 2: each binding / the same step on the same set issued from C\n"
+       printf "    in the same process; median over %s rounds of each round'"'"'s ratio of medians and of minima\n", rounds
+       printf "%-34s %8s %8s\n", "ratio", "median", "min"
+       split("java-gradset c-gradset-in-java lua-gradset c-gradset-in-lua", rk, " ")
+       for (i = 1; i <= 3; i += 2) if (rk[i] in rm)
+         printf "%-34s %8.3f %8.3f\n", rk[i] " / " rk[i + 1], med(rm[rk[i]]), med(rn[rk[i]])
+     }' rounds="$rounds" tensors="$(grep -vc '^#' "$workload")" "$tmp/all"

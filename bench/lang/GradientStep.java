@@ -1,0 +1,144 @@
+/*
+ * GradientStep.java - one gradient-set step through org.conflux.GradientSet (every parameter of a
+ * workload registered once, owned storage, each step ready in reverse registration order, then
+ * await), interleaved in blocks with the same step on the same set issued from C in this process
+ * (a JNI helper reached by reflection: it is not public API), so that both see the same set, the
+ * same buckets and the same load. The result of one step of each kind is checked first against
+ * the sum of what every rank put in. See run.sh.
+ * Usage: java -cp conflux.jar GradientStep.java WORKLOAD.tsv [steps] [blocks]
+ * Rank 0 prints "<path> <median_us> <p10> <p90> <min>" for c-gradset-in-java and java-gradset.
+ */
+import java.io.IOException;
+import java.lang.reflect.Field;
+import java.lang.reflect.Method;
+import java.nio.FloatBuffer;
+import java.nio.file.Files;
+import java.nio.file.Paths;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import org.conflux.Conflux;
+import org.conflux.DType;
+import org.conflux.GradientSet;
+import org.conflux.ReduceOp;
+
+public final class GradientStep {
+    public static void main(String[] args) throws Exception {
+        if (args.length < 1) {
+            throw new IllegalArgumentException("usage: GradientStep WORKLOAD.tsv [steps] [blocks]");
+        }
+        List<String> names = new ArrayList<>();
+        List<long[]> shapes = new ArrayList<>();
+        read(args[0], names, shapes);
+        int steps = args.length > 1 ? Integer.parseInt(args[1]) : 40;
+        int blocks = args.length > 2 ? Integer.parseInt(args[2]) : 4;
+        int per = Math.max(1, steps / blocks);
+        try (Conflux cfx = Conflux.init();
+             GradientSet gs = new GradientSet(cfx, "bench.lang.java", new GradientSet.Options().op(ReduceOp.SUM))) {
+            int n = names.size();
+            for (int i = 0; i < n; i++) {
+                gs.add(names.get(i), shapes.get(i), DType.FLOAT32);
+            }
+            gs.commit();
+            Field setField = GradientSet.class.getDeclaredField("set");
+            setField.setAccessible(true);
+            long set = (Long) setField.get(gs);
+            Class<?> nat = Class.forName("org.conflux.ConfluxNative");
+            Method cStep = nat.getDeclaredMethod("cfxj_bench_c_gradset", long.class, int.class, double[].class);
+            cStep.setAccessible(true);
+            Runnable c = () -> {
+                try {
+                    int st = (Integer) cStep.invoke(null, set, n, new double[1]);
+                    if (st != 0) {
+                        throw new IllegalStateException("C step failed: status " + st);
+                    }
+                } catch (ReflectiveOperationException e) {
+                    throw new IllegalStateException(e);
+                }
+            };
+            checkOnce(cfx, gs, n, "java-gradset", () -> step(gs, n));
+            checkOnce(cfx, gs, n, "c-gradset-in-java", c);
+            double[] tc = new double[per * blocks];
+            double[] tj = new double[per * blocks];
+            double[] block = new double[per];
+            for (int k = -1; k < blocks; k++) {  // block -1 warms up (JIT) and is not counted
+                int st = (Integer) cStep.invoke(null, set, n, block);
+                if (st != 0) {
+                    throw new IllegalStateException("C step failed: status " + st);
+                }
+                for (int i = 0; i < per; i++) {
+                    long t0 = System.nanoTime();
+                    step(gs, n);
+                    long t1 = System.nanoTime();
+                    if (k >= 0) {
+                        tj[k * per + i] = (t1 - t0) / 1e3;
+                    }
+                }
+                if (k >= 0) {
+                    System.arraycopy(block, 0, tc, k * per, per);
+                }
+            }
+            if (cfx.rank() == 0) {
+                print("c-gradset-in-java", tc);
+                print("java-gradset", tj);
+            }
+        }
+    }
+
+    /** The step being measured: every gradient ready in reverse registration order, then await. */
+    static void step(GradientSet gs, int n) {
+        for (int i = n - 1; i >= 0; i--) {
+            gs.ready(i);
+        }
+        gs.await();
+    }
+
+    /**
+     * Fills every gradient with rank-dependent values, runs one step and checks the sums against
+     * what every rank put in; then zeroes the storage for the timed steps (as bench/conflux_bench.c).
+     */
+    static void checkOnce(Conflux cfx, GradientSet gs, int n, String what, Runnable step) {
+        int rank = cfx.rank();
+        int size = cfx.size();
+        for (int g = 0; g < n; g++) {
+            FloatBuffer b = gs.buffer(g).asFloatBuffer();
+            for (int i = 0; i < b.capacity(); i++) {
+                b.put(i, (rank + 1) * ((i + g) % 7 + 1));
+            }
+        }
+        step.run();
+        for (int g = 0; g < n; g++) {
+            FloatBuffer b = gs.buffer(g).asFloatBuffer();
+            for (int i = 0; i < b.capacity(); i++) {
+                float want = size * (size + 1) / 2 * ((i + g) % 7 + 1);
+                if (b.get(i) != want) {
+                    throw new IllegalStateException(what + ": gradient " + g + " element " + i + " is "
+                            + b.get(i) + ", not " + want);
+                }
+                b.put(i, 0f);
+            }
+        }
+    }
+
+    static void read(String path, List<String> names, List<long[]> shapes) throws IOException {
+        for (String line : Files.readAllLines(Paths.get(path))) {
+            if (line.isEmpty() || line.startsWith("#")) {
+                continue;
+            }
+            String[] f = line.split("\t");
+            String[] d = f[1].split("x");
+            long[] shape = new long[d.length];
+            for (int i = 0; i < d.length; i++) {
+                shape[i] = Long.parseLong(d[i]);
+            }
+            names.add(f[0]);
+            shapes.add(shape);
+        }
+    }
+
+    static void print(String what, double[] t) {
+        Arrays.sort(t);
+        System.out.printf("%s %.2f %.2f %.2f %.2f%n", what, t[t.length / 2], t[t.length / 10],
+                t[t.length * 9 / 10], t[0]);
+    }
+}

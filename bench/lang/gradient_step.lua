@@ -1,0 +1,76 @@
+-- gradient_step.lua - one gradient-set step through cfx.gradient_set (every parameter of a
+-- workload registered once, owned storage, each step gs:ready in reverse registration order, then
+-- gs:wait), interleaved in blocks with the same step on the same set issued from C in this process
+-- (cfx._bench_c_gradset), so that both see the same set, the same buckets and the same load. The
+-- result of one step of each kind is checked first against the sum of what every rank put in.
+-- Usage: lua5.4 gradient_step.lua WORKLOAD.tsv [steps] [blocks]. Rank 0 prints
+-- "<path> <median_us> <p10> <p90> <min>" for c-gradset-in-lua and lua-gradset. See run.sh.
+local cfx = require "conflux"
+local path = assert(arg[1], "usage: gradient_step.lua WORKLOAD.tsv [steps] [blocks]")
+local steps, blocks = tonumber(arg[2]) or 40, tonumber(arg[3]) or 4
+local per = math.max(1, steps // blocks)
+local clock = cfx.clock
+
+local function stats(name, t)
+  table.sort(t)
+  local n = #t
+  return ("%s %.2f %.2f %.2f %.2f"):format(name, t[n // 2 + 1], t[n // 10 + 1], t[n * 9 // 10 + 1], t[1])
+end
+
+cfx.init()
+local rank, size = cfx.rank(), cfx.size()
+local gs = cfx.gradient_set { name = "bench.lang.lua", op = "sum" }
+local n = 0
+for line in io.lines(path) do
+  if line ~= "" and line:sub(1, 1) ~= "#" then
+    local name, dims = line:match("^(%S+)\t(%S+)$")
+    local shape = {}
+    for d in dims:gmatch("%d+") do shape[#shape + 1] = math.tointeger(d) end
+    gs:add(name, shape, "float32")
+    n = n + 1
+  end
+end
+gs:commit()
+
+-- the step being measured
+local function step()
+  for i = n, 1, -1 do gs:ready(i) end
+  gs:wait()
+end
+
+-- fills every gradient with a rank-dependent value, runs one step, checks the sums against what
+-- every rank put in (byte for byte), then zeroes the storage for the timed steps (as
+-- bench/conflux_bench.c)
+local function check_once(what, run)
+  for g = 1, n do gs:array(g):fill((rank + 1) * (g % 7 + 1)) end
+  run()
+  for g = 1, n do
+    local a = gs:array(g)
+    local want = size * (size + 1) // 2 * (g % 7 + 1)
+    if a:tobytes() ~= string.pack("f", want):rep(#a) then
+      error(("%s: gradient %d is not %s everywhere"):format(what, g, want))
+    end
+    a:fill(0)
+  end
+end
+
+check_once("lua-gradset", step)
+check_once("c-gradset-in-lua", function() cfx._bench_c_gradset(gs, 1) end)
+
+local tc, tl = {}, {}
+for b = 0, blocks do  -- block 0 warms up and is not counted
+  local c = cfx._bench_c_gradset(gs, per)
+  for _ = 1, per do
+    local t0 = clock()
+    step()
+    local t1 = clock()
+    if b > 0 then tl[#tl + 1] = (t1 - t0) * 1e6 end
+  end
+  if b > 0 then for _, v in ipairs(c) do tc[#tc + 1] = v end end
+end
+if rank == 0 then
+  print(stats("c-gradset-in-lua", tc))
+  print(stats("lua-gradset", tl))
+end
+gs:free()
+cfx.shutdown()
