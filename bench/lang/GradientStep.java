@@ -6,7 +6,8 @@
  * same buckets and the same load. The result of one step of each kind is checked first against
  * the sum of what every rank put in. See run.sh.
  * Usage: java -cp conflux.jar GradientStep.java WORKLOAD.tsv [steps] [blocks]
- * Rank 0 prints "<path> <median_us> <p10> <p90> <min>" for c-gradset-in-java and java-gradset.
+ * Rank 0 prints "<path> <median_us> <p10> <p90> <min>" for c-gradset-in-java and java-gradset (the
+ * step), and c-ready-in-java and java-ready (its ready calls alone: what the binding adds per step).
  */
 import java.io.IOException;
 import java.lang.reflect.Field;
@@ -44,11 +45,12 @@ public final class GradientStep {
             setField.setAccessible(true);
             long set = (Long) setField.get(gs);
             Class<?> nat = Class.forName("org.conflux.ConfluxNative");
-            Method cStep = nat.getDeclaredMethod("cfxj_bench_c_gradset", long.class, int.class, double[].class);
+            Method cStep = nat.getDeclaredMethod("cfxj_bench_c_gradset", long.class, int.class, double[].class,
+                    double[].class);
             cStep.setAccessible(true);
             Runnable c = () -> {
                 try {
-                    int st = (Integer) cStep.invoke(null, set, n, new double[1]);
+                    int st = (Integer) cStep.invoke(null, set, n, new double[1], new double[1]);
                     if (st != 0) {
                         throw new IllegalStateException("C step failed: status " + st);
                     }
@@ -56,41 +58,52 @@ public final class GradientStep {
                     throw new IllegalStateException(e);
                 }
             };
-            checkOnce(cfx, gs, n, "java-gradset", () -> step(gs, n));
+            checkOnce(cfx, gs, n, "java-gradset", () -> {
+                ready(gs, n);
+                gs.await();
+            });
             checkOnce(cfx, gs, n, "c-gradset-in-java", c);
             double[] tc = new double[per * blocks];
             double[] tj = new double[per * blocks];
+            double[] rc = new double[per * blocks];
+            double[] rj = new double[per * blocks];
             double[] block = new double[per];
+            double[] blockReady = new double[per];
             for (int k = -1; k < blocks; k++) {  // block -1 warms up (JIT) and is not counted
-                int st = (Integer) cStep.invoke(null, set, n, block);
+                int st = (Integer) cStep.invoke(null, set, n, block, blockReady);
                 if (st != 0) {
                     throw new IllegalStateException("C step failed: status " + st);
                 }
                 for (int i = 0; i < per; i++) {
                     long t0 = System.nanoTime();
-                    step(gs, n);
+                    ready(gs, n);
+                    long tr = System.nanoTime();
+                    gs.await();
                     long t1 = System.nanoTime();
                     if (k >= 0) {
                         tj[k * per + i] = (t1 - t0) / 1e3;
+                        rj[k * per + i] = (tr - t0) / 1e3;
                     }
                 }
                 if (k >= 0) {
                     System.arraycopy(block, 0, tc, k * per, per);
+                    System.arraycopy(blockReady, 0, rc, k * per, per);
                 }
             }
             if (cfx.rank() == 0) {
                 print("c-gradset-in-java", tc);
                 print("java-gradset", tj);
+                print("c-ready-in-java", rc);
+                print("java-ready", rj);
             }
         }
     }
 
-    /** The step being measured: every gradient ready in reverse registration order, then await. */
-    static void step(GradientSet gs, int n) {
+    /** The step being measured is this, every gradient ready in reverse registration order, then await. */
+    static void ready(GradientSet gs, int n) {
         for (int i = n - 1; i >= 0; i--) {
             gs.ready(i);
         }
-        gs.await();
     }
 
     /**

@@ -4,7 +4,8 @@
 -- (cfx._bench_c_gradset), so that both see the same set, the same buckets and the same load. The
 -- result of one step of each kind is checked first against the sum of what every rank put in.
 -- Usage: lua5.4 gradient_step.lua WORKLOAD.tsv [steps] [blocks]. Rank 0 prints
--- "<path> <median_us> <p10> <p90> <min>" for c-gradset-in-lua and lua-gradset. See run.sh.
+-- "<path> <median_us> <p10> <p90> <min>" for c-gradset-in-lua and lua-gradset (the step), and
+-- c-ready-in-lua and lua-ready (its ready calls alone: what the binding adds per step). See run.sh.
 local cfx = require "conflux"
 local path = assert(arg[1], "usage: gradient_step.lua WORKLOAD.tsv [steps] [blocks]")
 local steps, blocks = tonumber(arg[2]) or 40, tonumber(arg[3]) or 4
@@ -32,10 +33,9 @@ for line in io.lines(path) do
 end
 gs:commit()
 
--- the step being measured
-local function step()
+-- the step being measured is this, then gs:wait()
+local function ready()
   for i = n, 1, -1 do gs:ready(i) end
-  gs:wait()
 end
 
 -- fills every gradient with a rank-dependent value, runs one step, checks the sums against what
@@ -54,23 +54,29 @@ local function check_once(what, run)
   end
 end
 
-check_once("lua-gradset", step)
+check_once("lua-gradset", function() ready(); gs:wait() end)
 check_once("c-gradset-in-lua", function() cfx._bench_c_gradset(gs, 1) end)
 
-local tc, tl = {}, {}
+local tc, tl, rc, rl = {}, {}, {}, {}
 for b = 0, blocks do  -- block 0 warms up and is not counted
-  local c = cfx._bench_c_gradset(gs, per)
+  local c, cr = cfx._bench_c_gradset(gs, per)
   for _ = 1, per do
     local t0 = clock()
-    step()
+    ready()
+    local tr = clock()
+    gs:wait()
     local t1 = clock()
-    if b > 0 then tl[#tl + 1] = (t1 - t0) * 1e6 end
+    if b > 0 then tl[#tl + 1], rl[#rl + 1] = (t1 - t0) * 1e6, (tr - t0) * 1e6 end
   end
-  if b > 0 then for _, v in ipairs(c) do tc[#tc + 1] = v end end
+  if b > 0 then
+    for i, v in ipairs(c) do tc[#tc + 1], rc[#rc + 1] = v, cr[i] end
+  end
 end
 if rank == 0 then
   print(stats("c-gradset-in-lua", tc))
   print(stats("lua-gradset", tl))
+  print(stats("c-ready-in-lua", rc))
+  print(stats("lua-ready", rl))
 end
 gs:free()
 cfx.shutdown()

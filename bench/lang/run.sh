@@ -52,9 +52,10 @@ awk 'function med(list,   a, m, x, y, t) {
      }
      { v[$1] = v[$1] " " $2; p[$1] = p[$1] " " $3 }
      # gradient sets: each round'"'"'s ratio binding / C of medians and of minima ($5), same process
-     $1 == "c-gradset-in-java" || $1 == "c-gradset-in-lua" { cm = $2; cmin = $5 }
-     ($1 == "java-gradset" || $1 == "lua-gradset") && cm > 0 && cmin > 0 {
-       rm[$1] = rm[$1] " " $2 / cm; rn[$1] = rn[$1] " " $5 / cmin
+     $1 ~ /^c-(gradset|ready)-in-/ { cm[$1] = $2; cmin[$1] = $5 }
+     $1 ~ /^(java|lua)-(gradset|ready)$/ {
+       c = $1; sub(/^(java|lua)-/, "", c); c = "c-" c "-in-" substr($1, 1, index($1, "-") - 1)
+       if (cm[c] > 0 && cmin[c] > 0) { rm[$1] = rm[$1] " " $2 / cm[c]; rn[$1] = rn[$1] " " $5 / cmin[c]; rb[$1] = c }
      }
      END {
        n = split("c c-in-java java-array java-buffer c-in-lua lua-array lua-table", k, " ")
@@ -66,10 +67,9 @@ awk 'function med(list,   a, m, x, y, t) {
          base["c-in-python"] = "c"
          for (i = 1; i <= 6; i++) if (pk[i] in v) { k[++n] = pk[i]; if (i > 1) base[pk[i]] = "c-in-python" }
        }
-       split("c-gradset-in-java java-gradset c-gradset-in-lua lua-gradset", gk, " ")
-       base["c-gradset-in-java"] = "c-gradset-in-java"; base["java-gradset"] = "c-gradset-in-java"
-       base["c-gradset-in-lua"] = "c-gradset-in-lua"; base["lua-gradset"] = "c-gradset-in-lua"
-       for (i = 1; i <= 4; i++) if (gk[i] in v) k[++n] = gk[i]
+       split("c-gradset-in-java java-gradset c-ready-in-java java-ready c-gradset-in-lua lua-gradset " \
+             "c-ready-in-lua lua-ready", gk, " ")
+       for (i = 1; i <= 8; i++) if (gk[i] in v) { k[++n] = gk[i]; base[gk[i]] = gk[i - (i + 1) % 2] }
        for (i = 1; i <= n; i++) { m[k[i]] = med(v[k[i]]); q[k[i]] = med(p[k[i]]) }
        printf "%-14s %10s %10s %12s %12s\n", "path", "median", "p10", "median-base", "p10-base"
        for (i = 1; i <= n; i++)
@@ -79,8 +79,9 @@ awk 'function med(list,   a, m, x, y, t) {
        printf "--- gradient-set step, ResNet-50 (%s float32 gradients, owned storage, ready in reverse\n", tensors
        printf "    registration order, wait), np 2: each binding / the same step on the same set issued from C\n"
        printf "    in the same process; median over %s rounds of each round'"'"'s ratio of medians and of minima\n", rounds
+       printf "    (the -ready rows: the %s ready calls of a step alone, what the binding adds)\n", tensors
        printf "%-34s %8s %8s\n", "ratio", "median", "min"
-       split("java-gradset c-gradset-in-java lua-gradset c-gradset-in-lua", rk, " ")
-       for (i = 1; i <= 3; i += 2) if (rk[i] in rm)
-         printf "%-34s %8.3f %8.3f\n", rk[i] " / " rk[i + 1], med(rm[rk[i]]), med(rn[rk[i]])
+       split("java-gradset java-ready lua-gradset lua-ready", rk, " ")
+       for (i = 1; i <= 4; i++) if (rk[i] in rm)
+         printf "%-34s %8.3f %8.3f\n", rk[i] " / " rb[rk[i]], med(rm[rk[i]]), med(rn[rk[i]])
      }' rounds="$rounds" tensors="$(grep -vc '^#' "$workload")" "$tmp/all"

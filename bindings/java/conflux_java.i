@@ -424,24 +424,32 @@ int cfxj_bench_c_allreduce(JNIEnv *jenv, cfx_context *ctx, jdoubleArray out) {
 
 /* For bench/lang only: times `n = out.length` steps of the committed set at `set` (its gradients
  * 0 .. count - 1 marked ready in reverse order, then wait) issued from C, microseconds into
- * `out`, so that a Java benchmark can interleave them with the same step through GradientSet.
- * Returns the status. */
-int cfxj_bench_c_gradset(JNIEnv *jenv, int64_t set, int32_t count, jdoubleArray out) {
+ * `out`, and the ready calls alone into `ready` (same length), so that a Java benchmark can
+ * interleave them with the same step through GradientSet. Returns the status. */
+int cfxj_bench_c_gradset(JNIEnv *jenv, int64_t set, int32_t count, jdoubleArray out,
+                         jdoubleArray ready) {
     jsize n = (*jenv)->GetArrayLength(jenv, out), k;
-    double *t = malloc(((size_t)n + 1) * sizeof *t);
+    double *t = malloc(((size_t)n * 2 + 1) * sizeof *t);
     cfx_gradset *gs = cfxj_ptr(set);
     cfx_status s = CFX_OK;
     if (!t) return (int)CFX_ERR_OUT_OF_MEMORY;
+    if ((*jenv)->GetArrayLength(jenv, ready) != n) {
+        free(t);
+        return (int)CFX_ERR_INVALID_ARGUMENT;
+    }
     for (k = 0; k < n && s == CFX_OK; k++) {
-        struct timespec a, b;
+        struct timespec a, r, b;
         int32_t i;
         timespec_get(&a, TIME_UTC);
         for (i = count - 1; i >= 0 && s == CFX_OK; i--) s = cfx_gradset_ready(gs, i);
+        timespec_get(&r, TIME_UTC);
         if (s == CFX_OK) s = cfx_gradset_wait(gs, -1.0);
         timespec_get(&b, TIME_UTC);
         t[k] = (double)(b.tv_sec - a.tv_sec) * 1e6 + (double)(b.tv_nsec - a.tv_nsec) * 1e-3;
+        t[n + k] = (double)(r.tv_sec - a.tv_sec) * 1e6 + (double)(r.tv_nsec - a.tv_nsec) * 1e-3;
     }
     (*jenv)->SetDoubleArrayRegion(jenv, out, 0, n, t);
+    (*jenv)->SetDoubleArrayRegion(jenv, ready, 0, n, t + n);
     free(t);
     return (int)s;
 }
