@@ -2,8 +2,12 @@
  * test_wakeup - the background thread's spin-then-sleep logic (engine/loop.c, protocol/queue.c):
  * no wake-up is lost however submissions and the thread's spinning and sleeping interleave (lone
  * collectives and gradient-set steps with random pauses between them, every result checked; run
- * under TSan by the test command), and an idle context uses almost no CPU.
+ * under TSan by the test command), whichever thread runs the cycles: the waiting one
+ * (cx_loop_drive), several waiting ones at once, the background thread for a poller, for a context
+ * with CFX_WAIT_RUNS_CYCLES=0 and for one that has bound a device; and an idle context uses almost
+ * no CPU.
  */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +18,7 @@
 #include <cmocka.h>
 
 #include "support.h"
+#include "engine/context.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define IDLE_CPU_BOUND 0.20 /* instrumented cycles cost more; a spinning thread would still be ~1.0 */
@@ -55,6 +60,98 @@ static int lone_calls(cfx_context *ctx, int rank, int size, void *arg)
     }
     return 0;
 }
+
+/* Polls instead of waiting: the background thread runs the work (cfx_poll pays a lazy wake-up). */
+static int polled_calls(cfx_context *ctx, int rank, int size, void *arg)
+{
+    (void)arg;
+    int64_t shape[1];
+    for (int i = 0; i < CALLS / 5; i++) {
+        double v = 2.0 * rank + i;
+        cfx_tensor t = tensor1d(&v, shape, 1, CFX_FLOAT64);
+        cfx_handle h;
+        RANK_CHECK(cfx_allreduce_async(ctx, "polled", &t, NULL, CFX_OP_SUM, 1.0, 1.0, &h) == CFX_OK,
+                   "call %d: %s", i, cfx_last_error());
+        int done = 0;
+        while (!done) {
+            RANK_CHECK(cfx_poll(ctx, h, &done) == CFX_OK, "call %d: %s", i, cfx_last_error());
+            if (!done)
+                pause_us(i % 2 ? 1 : 30);
+        }
+        RANK_CHECK(cfx_handle_status(ctx, h) == CFX_OK, "call %d: %s", i, cfx_last_error());
+        cfx_handle_release(ctx, h);
+        double want = (double)size * (size - 1) + (double)size * i;
+        RANK_CHECK(v == want, "call %d: %g, expected %g", i, v, want);
+    }
+    return 0;
+}
+
+/* Several threads of one rank wait at once, each for its own lone collectives: at most one of
+ * them runs a cycle at a time, the others wait for it (or for the background thread). */
+enum { WAITERS = 3 };
+
+typedef struct waiter {
+    cfx_context *ctx;
+    int rank, size, index, failed;
+} waiter;
+
+static void *waiter_main(void *arg)
+{
+    waiter *w = arg;
+    int rank = w->rank;
+    char name[16];
+    snprintf(name, sizeof name, "waiter%d", w->index);
+    int64_t shape[1];
+    unsigned seed = 5u + 31u * (unsigned)w->index + (unsigned)rank;
+    for (int i = 0; i < CALLS / 3; i++) {
+        double v = rank + 10.0 * w->index + i;
+        cfx_tensor t = tensor1d(&v, shape, 1, CFX_FLOAT64);
+        cfx_status st = allreduce_wait(w->ctx, name, &t, CFX_OP_SUM);
+        double want = w->size * (w->size - 1) / 2.0 + w->size * (10.0 * w->index + i);
+        if (st != CFX_OK || v != want) {
+            fprintf(stderr, "rank %d, %s, call %d: status %d (%s), %g, expected %g\n", rank, name,
+                    i, st, st ? cfx_last_error() : "", v, want);
+            w->failed = 1;
+            return NULL;
+        }
+        seed = seed * 1103515245u + 12345u;
+        if ((seed >> 8) % 4 == 0)
+            pause_us(((seed >> 12) % 3) * 40);
+    }
+    return NULL;
+}
+
+static int threaded_calls(cfx_context *ctx, int rank, int size, void *arg)
+{
+    (void)arg;
+    pthread_t threads[WAITERS];
+    waiter w[WAITERS];
+    for (int k = 0; k < WAITERS; k++) {
+        w[k] = (waiter){ctx, rank, size, k, 0};
+        RANK_CHECK(pthread_create(&threads[k], NULL, waiter_main, &w[k]) == 0, "thread %d", k);
+    }
+    int failed = 0;
+    for (int k = 0; k < WAITERS; k++) {
+        pthread_join(threads[k], NULL);
+        failed += w[k].failed;
+    }
+    RANK_CHECK(failed == 0, "%d of %d waiting threads failed", failed, WAITERS);
+    return 0;
+}
+
+/* A rank that has bound a device leaves every cycle to the background thread (loop.h): waits
+ * still complete. The binding is what api.c records for the first device tensor. */
+static int device_bound_calls(cfx_context *ctx, int rank, int size, void *arg)
+{
+    (void)arg;
+    if (rank == 0) {
+        atomic_store(&ctx->cuda_device_bound, 1);
+        cx_loop_fence(ctx->loop);
+    }
+    return lone_calls(ctx, rank, size, NULL);
+}
+
+static void waits_run_no_cycles(cx_config *cfg) { cfg->wait_runs_cycles = 0; }
 
 static int gradset_steps(cfx_context *ctx, int rank, int size, void *arg)
 {
@@ -111,6 +208,28 @@ static void no_lost_wakeup_lone(void **state)
     assert_int_equal(run_ranks(3, lone_calls, NULL, NULL), 0);
 }
 
+static void no_lost_wakeup_polled(void **state)
+{
+    (void)state;
+    assert_int_equal(run_ranks(2, polled_calls, NULL, NULL), 0);
+    assert_int_equal(run_ranks(3, polled_calls, NULL, NULL), 0);
+}
+
+static void no_lost_wakeup_waiting_threads(void **state)
+{
+    (void)state;
+    assert_int_equal(run_ranks(2, threaded_calls, NULL, NULL), 0);
+    assert_int_equal(run_ranks(3, threaded_calls, NULL, NULL), 0);
+}
+
+static void no_lost_wakeup_background_only(void **state)
+{
+    (void)state;
+    assert_int_equal(run_ranks(2, lone_calls, NULL, waits_run_no_cycles), 0);
+    assert_int_equal(run_ranks(2, gradset_steps, NULL, waits_run_no_cycles), 0);
+    assert_int_equal(run_ranks(3, device_bound_calls, NULL, NULL), 0);
+}
+
 static void no_lost_wakeup_gradset(void **state)
 {
     (void)state;
@@ -134,6 +253,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(no_lost_wakeup_lone),
         cmocka_unit_test(no_lost_wakeup_gradset),
+        cmocka_unit_test(no_lost_wakeup_polled),
+        cmocka_unit_test(no_lost_wakeup_waiting_threads),
+        cmocka_unit_test(no_lost_wakeup_background_only),
         cmocka_unit_test(idle_cpu_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

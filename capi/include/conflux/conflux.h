@@ -216,7 +216,10 @@ typedef uint64_t cfx_handle;
 CFX_API cfx_status cfx_poll(cfx_context *ctx, cfx_handle handle, int *out);
 
 /* Waits for completion, at most timeout_s seconds (negative: no limit). Returns the collective's
- * status, or CFX_ERR_TIMEOUT when the deadline passed first (the handle stays pending). */
+ * status, or CFX_ERR_TIMEOUT when the deadline passed first (the handle stays pending). While no
+ * other thread does, the waiting thread runs the negotiation itself (no hand-off to the background
+ * thread and back; CFX_WAIT_RUNS_CYCLES=0 turns that off). An async collective that nobody waits
+ * for starts at the latest after CFX_CYCLE_TIME, or at this thread's next call into Conflux. */
 CFX_API cfx_status cfx_wait(cfx_context *ctx, cfx_handle handle, double timeout_s);
 
 /* The collective's status: CFX_ERR_IN_PROGRESS while pending. */

@@ -182,8 +182,13 @@ static cfx_status check_device(cfx_context *ctx, const char *fn, const char *wha
                        "it has %d CUDA device%s (ordinals 0..%d)", fn, what, t->device, ctx->rank,
                        count, count == 1 ? "" : "s", count - 1);
     int expected = 0;
-    if (!atomic_compare_exchange_strong(&ctx->cuda_device_bound, &expected, t->device + 1) &&
-        expected != t->device + 1)
+    if (atomic_compare_exchange_strong(&ctx->cuda_device_bound, &expected, t->device + 1)) {
+        /* From here on no waiting thread runs cycles (cx_context_drive): after the fence, none
+         * that started before can meet this tensor. */
+        cx_loop_fence(ctx->loop);
+        return CFX_OK;
+    }
+    if (expected != t->device + 1)
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: %s: CUDA device %d, but rank %d already "
                        "submitted device tensors on CUDA device %d (one device per rank)", fn, what,
                        t->device, ctx->rank, expected - 1);
@@ -796,6 +801,8 @@ cfx_status cfx_poll(cfx_context *ctx, cfx_handle handle, int *out)
 {
     if (ctx && !out)
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_poll: out is NULL");
+    if (ctx)
+        cx_queue_pay_wake(&ctx->queue); /* a poller leaves the work to the background thread */
     HANDLE_CALL("cfx_poll", cx_handles_poll(&ctx->handles, handle, out));
 }
 
@@ -803,7 +810,7 @@ cfx_status cfx_wait(cfx_context *ctx, cfx_handle handle, double timeout_s)
 {
     if (isnan(timeout_s))
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_wait: timeout is NaN");
-    HANDLE_CALL("cfx_wait", cx_handles_wait(&ctx->handles, handle, timeout_s));
+    HANDLE_CALL("cfx_wait", cx_context_wait(ctx, handle, timeout_s));
 }
 
 cfx_status cfx_handle_status(cfx_context *ctx, cfx_handle handle)

@@ -690,7 +690,9 @@ cfx_status cfx_gradset_wait(cfx_gradset *set, double timeout_s)
         return st;
     if (isnan(timeout_s))
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_gradset_wait: timeout is NaN");
-    return cx_gradset_wait(set, timeout_s);
+    /* The last buckets run on this thread when no other runs the cycles (cx_context_drive). */
+    cx_gradset_mark_unused(set);
+    return cx_gradset_wait(set, cx_context_drive_for(set->ctx, cx_gradset_step_over, set, timeout_s));
 }
 
 void cfx_gradset_free(cfx_gradset *set)

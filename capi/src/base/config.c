@@ -174,6 +174,8 @@ static cfx_status load_env(cx_config *cfg, const source *src)
     }
     if ((v = var(src, "CFX_TIMELINE_MARK_CYCLES")) && (st = parse_bool("CFX_TIMELINE_MARK_CYCLES", v, &cfg->timeline_cycles)))
         return st;
+    if ((v = var(src, "CFX_WAIT_RUNS_CYCLES")) && (st = parse_bool("CFX_WAIT_RUNS_CYCLES", v, &cfg->wait_runs_cycles)))
+        return st;
     if ((v = var(src, "CFX_AUTOTUNE")) && (st = parse_bool("CFX_AUTOTUNE", v, &cfg->autotune)))
         return st;
     if ((v = var(src, "CFX_AUTOTUNE_WINDOW_S")) && (st = parse_double("CFX_AUTOTUNE_WINDOW_S", v, &cfg->autotune_window_s)))
@@ -273,6 +275,7 @@ cfx_status cx_config_load_from(cx_config *cfg, const cfx_init_options *opts,
     cfg->hierarchical = -1;
     cfg->timeline_max_bytes = 256ll << 20; /* CFX_TIMELINE_MAX_MB */
     cfg->autotune_window_s = 0.5;
+    cfg->wait_runs_cycles = 1;
     cfg->test_wire_major = cfg->test_wire_minor = -1;
     cfx_status st = load_env(cfg, &(source){lookup, user});
     if (st == CFX_OK && opts)

@@ -38,6 +38,7 @@ typedef struct cx_config {
     int64_t timeline_max_bytes;  /* CFX_TIMELINE_MAX_MB; 0 = no cap */
     int32_t timeline_cycles;     /* CFX_TIMELINE_MARK_CYCLES */
     int32_t autotune;            /* CFX_AUTOTUNE: rank 0's value counts */
+    int32_t wait_runs_cycles;    /* CFX_WAIT_RUNS_CYCLES: a waiting thread runs the cycles (loop.h) */
     double autotune_window_s;    /* CFX_AUTOTUNE_WINDOW_S */
     char autotune_log[CX_PATH_MAX]; /* CFX_AUTOTUNE_LOG: "" = none */
     /* CFX_TEST_WIRE_VERSION: the wire protocol this rank claims in the handshake (tests only);

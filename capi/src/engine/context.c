@@ -2,6 +2,7 @@
 #include "engine/context.h"
 
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,7 +11,6 @@
 
 #include "base/error.h"
 #include "exec/execute.h"
-#include "engine/loop.h"
 #include "exec/shm.h"
 #include "observe/timeline.h"
 #include "protocol/handshake.h"
@@ -262,8 +262,10 @@ cfx_status cx_context_create(cx_transport *transport, const cx_config *cfg, cfx_
     pthread_mutex_init(&ctx->tl_mu, NULL);
     pthread_cond_init(&ctx->tl_cv, NULL);
     bool queue_ok = false, handles_ok = false, gradsets_ok = false;
-    if (!st && !(st = cx_queue_init(&ctx->queue)))
+    if (!st && !(st = cx_queue_init(&ctx->queue))) {
         queue_ok = true;
+        ctx->queue.lazy_wake = ctx->cfg.wait_runs_cycles; /* waiters run their own work (loop.h) */
+    }
     if (!st && !(st = cx_handles_init(&ctx->handles)))
         handles_ok = true;
     if (!st && !(st = cx_gradsets_init(&ctx->gradsets, &ctx->queue, &ctx->log, ctx->size)))
@@ -280,6 +282,7 @@ cfx_status cx_context_create(cx_transport *transport, const cx_config *cfg, cfx_
                                             .handles = &ctx->handles,
                                             .gradsets = &ctx->gradsets, .running = &ctx->running,
                                             .shutdown_requested = &ctx->shutdown_requested,
+                                            .device_bound = &ctx->cuda_device_bound,
                                             .timeline_change = &ctx->tl_change,
                                             .take_timeline = take_timeline, .owner = ctx},
                             &ctx->loop);
@@ -412,6 +415,52 @@ cfx_status cx_context_shutdown(cfx_context *ctx)
     cx_timeline_destroy(ctx->tl_next);
     ctx->timeline = ctx->tl_next = NULL;
     return CFX_OK;
+}
+
+/* ---- waiting on the calling thread (loop.h, cx_loop_drive) ---------------------------------- */
+
+static double monotonic_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+cx_drive_result cx_context_drive(cfx_context *ctx, bool (*done)(void *), void *arg, double deadline_s)
+{
+    cx_drive_result r = CX_DRIVE_BUSY;
+    if (ctx->cfg.wait_runs_cycles && ctx->thread_started && atomic_load(&ctx->running))
+        r = cx_loop_drive(ctx->loop, done, arg, deadline_s);
+    if (r != CX_DRIVE_DONE) /* the background thread carries on: it may owe a wake-up (queue.h) */
+        cx_queue_pay_wake(&ctx->queue);
+    return r;
+}
+
+typedef struct handle_wait {
+    cx_handles *handles;
+    cfx_handle handle;
+} handle_wait;
+
+static bool handle_done(void *arg)
+{
+    handle_wait *w = arg;
+    int done = 0;
+    return cx_handles_poll(w->handles, w->handle, &done) != CFX_OK || done; /* stale: the wait says */
+}
+
+double cx_context_drive_for(cfx_context *ctx, bool (*done)(void *), void *arg, double timeout_s)
+{
+    double deadline = timeout_s < 0 ? INFINITY : monotonic_s() + timeout_s;
+    cx_drive_result r = cx_context_drive(ctx, done, arg, deadline);
+    if (r == CX_DRIVE_TIMEOUT)
+        return 0;
+    return timeout_s < 0 || r == CX_DRIVE_DONE ? timeout_s : fmax(0, deadline - monotonic_s());
+}
+
+cfx_status cx_context_wait(cfx_context *ctx, cfx_handle handle, double timeout_s)
+{
+    handle_wait w = {&ctx->handles, handle};
+    return cx_handles_wait(&ctx->handles, handle, cx_context_drive_for(ctx, handle_done, &w, timeout_s));
 }
 
 void cx_context_free(cfx_context *ctx)

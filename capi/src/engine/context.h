@@ -14,13 +14,12 @@
 #include <stdbool.h>
 
 #include "base/config.h"
+#include "engine/loop.h"
 #include "engine/gradset.h"
 #include "protocol/handles.h"
 #include "base/log.h"
 #include "protocol/queue.h"
 #include "transport/transport.h"
-
-typedef struct cx_loop cx_loop;
 
 struct cfx_context {
     cx_config cfg;
@@ -67,6 +66,19 @@ cfx_status cx_context_shutdown(cfx_context *ctx);
 /* Starts (path != NULL) or stops the timeline at run time; waits until the background thread
  * adopted the change. The rank is inserted into `path` (cx_timeline_rank_path). */
 cfx_status cx_context_set_timeline(cfx_context *ctx, const char *path, bool mark_cycles);
+
+/* Runs the context's negotiation cycles on the calling thread until done(arg) or deadline_s
+ * (CLOCK_MONOTONIC seconds), when that is safe: the background thread is running, no device tensor
+ * was ever submitted (the device path belongs to the background thread) and CFX_WAIT_RUNS_CYCLES
+ * is on. CX_DRIVE_BUSY when it did not (or stopped early): the caller then waits as usual. */
+cx_drive_result cx_context_drive(cfx_context *ctx, bool (*done)(void *), void *arg, double deadline_s);
+
+/* cx_context_drive for timeout_s seconds (< 0: no limit); returns the timeout left for the usual
+ * wait that follows (0 when it ran out here). */
+double cx_context_drive_for(cfx_context *ctx, bool (*done)(void *), void *arg, double timeout_s);
+
+/* cfx_wait: the handle's work driven on this thread (cx_context_drive), then the usual wait. */
+cfx_status cx_context_wait(cfx_context *ctx, cfx_handle handle, double timeout_s);
 
 /* Shuts down if needed and frees everything. */
 void cx_context_free(cfx_context *ctx);

@@ -202,12 +202,23 @@ static void missing_buckets(const cfx_gradset *set, char *buf, size_t size)
         snprintf(buf + used, size - used, ", ... (%d in all)", missing);
 }
 
-cfx_status cx_gradset_wait(cfx_gradset *set, double timeout_s)
+void cx_gradset_mark_unused(cfx_gradset *set)
 {
     /* Unused gradients are reduced as they are: every bucket still counting goes out now. */
     for (int32_t b = 0; b < set->nbuckets; b++)
         if (atomic_load_explicit(&set->buckets[b].state, memory_order_acquire) == CX_BUCKET_IDLE)
             mark_ready(set, &set->buckets[b]);
+}
+
+bool cx_gradset_step_over(void *set_arg)
+{
+    cfx_gradset *set = set_arg;
+    return atomic_load(&set->buckets_left) == 0 || atomic_load(&set->failed);
+}
+
+cfx_status cx_gradset_wait(cfx_gradset *set, double timeout_s)
+{
+    cx_gradset_mark_unused(set);
     struct timespec deadline;
     clock_gettime(CLOCK_MONOTONIC, &deadline);
     if (timeout_s >= 0) {

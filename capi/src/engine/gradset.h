@@ -133,6 +133,10 @@ void cx_gradset_destroy(cfx_gradset *set);
 
 /* ---- step (caller threads) ------------------------------------------------------------------ */
 cfx_status cx_gradset_ready(cfx_gradset *set, int32_t index);
+/* The step's end: every bucket not yet marked goes out as it is (unused gradients). */
+void cx_gradset_mark_unused(cfx_gradset *set);
+/* Every bucket of this step was reduced, or the job failed (arg: the cfx_gradset). */
+bool cx_gradset_step_over(void *set);
 cfx_status cx_gradset_wait(cfx_gradset *set, double timeout_s);
 /* After commit: every bucket IDLE with its full count. */
 void cx_gradset_reset_step(cfx_gradset *set);

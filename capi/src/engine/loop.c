@@ -2,6 +2,8 @@
 #include "engine/loop.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +38,13 @@ enum {
 
 struct cx_loop {
     cx_loop_env env;
+    /* Whoever runs a cycle holds run_mu: the background thread, or a thread waiting for its own
+     * work (cx_loop_drive). `stopped` (under run_mu): the loop has ended, no cycle runs again.
+     * `drivers`: threads inside cx_loop_drive, so the background thread stands aside. */
+    pthread_mutex_t run_mu;
+    bool stopped;
+    atomic_int drivers;
+    atomic_bool gradsets_busy; /* cx_gradsets_busy after the last cycle */
     cx_timeline *timeline; /* from env.take_timeline; NULL: off */
     cx_cache cache;
     bool is_coordinator;
@@ -80,6 +89,9 @@ cfx_status cx_loop_create(const cx_loop_env *given, cx_loop **out)
     if (!L)
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for the background loop");
     L->env = *given;
+    pthread_mutex_init(&L->run_mu, NULL);
+    atomic_init(&L->drivers, 0);
+    atomic_init(&L->gradsets_busy, false);
     const cx_loop_env *env = &L->env;
     size_t cap = (size_t)env->cfg->cache_capacity;
     size_t words = words_for(cap) ? words_for(cap) : 1;
@@ -130,6 +142,7 @@ void cx_loop_destroy(cx_loop *L)
     free(L->invalid_mask);
     free(L->unsent);
     free(L->vec);
+    pthread_mutex_destroy(&L->run_mu);
     free(L);
 }
 
@@ -557,6 +570,8 @@ static cfx_status cycle(cx_loop *L, bool *progress, bool *stop)
 #define SPIN_MIN_S 2e-6
 #define SPIN_MAX_S 100e-6
 #define SPIN_WINDOW_S 2e-3
+/* How long a driving thread yields to a background thread in its cycle before it waits as usual. */
+#define DRIVE_YIELD_S 50e-6
 
 static inline void cpu_relax(void)
 {
@@ -580,19 +595,114 @@ static bool spin_for_work(cx_queue *q, double budget_s)
     }
 }
 
+/* One cycle with the loop's error handling, run_mu held; true when the loop has ended. */
+static bool run_cycle(cx_loop *L, bool *progress)
+{
+    bool stop = false;
+    cfx_status st = cycle(L, progress, &stop);
+    if (st) {
+        char reason[CX_ERROR_MAX];
+        snprintf(reason, sizeof reason, "the background thread stopped after an error: %s",
+                 cx_error_message());
+        cx_log(L->env.log, CX_LOG_ERROR, "loop", "%s", reason);
+        fail_all(L, st == CFX_ERR_TRANSPORT ? CFX_ERR_TRANSPORT : st, reason);
+        stop = true;
+    }
+    if (stop)
+        L->stopped = true;
+    atomic_store(&L->gradsets_busy, !stop && cx_gradsets_busy(L->env.gradsets));
+    return stop;
+}
+
+/* The back-off while this rank's tensors wait for other ranks: 1 us doubling to the cycle time. */
+static double backoff_s(double cycle_s, int idle_streak)
+{
+    return fmin(cycle_s, 1e-6 * (double)(1 << (idle_streak < 10 ? idle_streak : 10)));
+}
+
+/* Work in flight on this rank, or a gradient-set bucket the last cycle left ready or pending (the
+ * gradient sets are the cycle's: sampled under run_mu, read from any thread). */
+static bool engine_busy(cx_loop *L)
+{
+    return cx_queue_in_flight(L->env.queue) != 0 || atomic_load(&L->gradsets_busy);
+}
+
+cx_drive_result cx_loop_drive(cx_loop *L, bool (*done)(void *), void *arg, double deadline_s)
+{
+    const cx_loop_env *env = &L->env;
+    cx_drive_result result = CX_DRIVE_DONE;
+    int idle_streak = 0;
+    double busy_since = -1;
+    atomic_fetch_add(&L->drivers, 1);
+    while (!done(arg)) {
+        double now = now_s();
+        if (now >= deadline_s) {
+            result = CX_DRIVE_TIMEOUT;
+            break;
+        }
+        if (pthread_mutex_trylock(&L->run_mu) != 0) {
+            /* The background thread is in a cycle (most likely the one that runs our work): let
+             * it finish; after a short while leave the waiting to the caller's usual path. */
+            if (busy_since < 0)
+                busy_since = now;
+            if (now - busy_since > DRIVE_YIELD_S) {
+                result = CX_DRIVE_BUSY;
+                break;
+            }
+            sched_yield();
+            continue;
+        }
+        busy_since = -1;
+        if (L->stopped || (env->device_bound && atomic_load(env->device_bound))) {
+            pthread_mutex_unlock(&L->run_mu);
+            result = CX_DRIVE_BUSY;
+            break;
+        }
+        cx_queue_forgive_wake(env->queue);
+        bool progress = false;
+        bool stop = run_cycle(L, &progress);
+        double cycle_s = env->cfg->cycle_time_ms * 1e-3;
+        pthread_mutex_unlock(&L->run_mu);
+        if (stop)
+            continue; /* the work failed with the loop: `done` says so */
+        idle_streak = progress ? 0 : idle_streak + 1;
+        if (idle_streak > 1) {
+            struct timespec ts = {0, (long)(backoff_s(cycle_s, idle_streak) * 1e9)};
+            nanosleep(&ts, NULL);
+        }
+    }
+    atomic_fetch_sub(&L->drivers, 1);
+    if (engine_busy(L))
+        cx_queue_wake(env->queue); /* what is left is the background thread's again */
+    return result;
+}
+
+void cx_loop_fence(cx_loop *L)
+{
+    pthread_mutex_lock(&L->run_mu);
+    pthread_mutex_unlock(&L->run_mu);
+}
+
 void *cx_loop_main(void *arg)
 {
     cx_loop *L = arg;
     const cx_loop_env *env = &L->env;
     int idle_streak = 0;
-    bool stop = false;
     double spin_s = SPIN_MAX_S / 4, last_progress = -INFINITY;
+    pthread_mutex_lock(&L->run_mu); /* the cycle time is read under run_mu: autotune changes it */
+    double cycle_s = env->cfg->cycle_time_ms * 1e-3;
+    pthread_mutex_unlock(&L->run_mu);
 #ifdef PR_SET_TIMERSLACK
     prctl(PR_SET_TIMERSLACK, 1000ul); /* the back-off's microsecond sleeps, not the default 50 us */
 #endif
-    while (!stop) {
-        double cycle_s = env->cfg->cycle_time_ms * 1e-3; /* autotune may change it */
-        if (!cx_queue_has_new(env->queue) && !atomic_load(env->shutdown_requested)) {
+    for (;;) {
+        bool shutdown = atomic_load(env->shutdown_requested);
+        if (atomic_load(&L->drivers) && !shutdown) {
+            /* A waiting thread runs the cycles; it wakes this one when it leaves work behind. */
+            cx_queue_sleep(env->queue, cycle_s);
+            continue;
+        }
+        if (!cx_queue_has_new(env->queue) && !shutdown) {
             bool caught = false;
             if (now_s() - last_progress < SPIN_WINDOW_S) {
                 caught = spin_for_work(env->queue, spin_s);
@@ -600,23 +710,28 @@ void *cx_loop_main(void *arg)
             }
             if (caught)
                 ;
-            else if (cx_queue_in_flight(env->queue) == 0 && !cx_gradsets_busy(env->gradsets))
+            else if (!engine_busy(L))
                 cx_queue_wait(env->queue, cycle_s);
             else if (idle_streak > 0) /* our tensors wait for other ranks: back off */
-                cx_queue_wait(env->queue, fmin(cycle_s, 1e-6 * (double)(1 << (idle_streak < 10 ? idle_streak : 10))));
+                cx_queue_wait(env->queue, backoff_s(cycle_s, idle_streak));
+        }
+        pthread_mutex_lock(&L->run_mu);
+        if (L->stopped) {
+            pthread_mutex_unlock(&L->run_mu);
+            break;
+        }
+        if (atomic_load(&L->drivers) && !atomic_load(env->shutdown_requested)) {
+            pthread_mutex_unlock(&L->run_mu); /* a waiter took over meanwhile */
+            continue;
         }
         bool progress = false;
-        cfx_status st = cycle(L, &progress, &stop);
+        bool stop = run_cycle(L, &progress);
+        cycle_s = env->cfg->cycle_time_ms * 1e-3;
+        pthread_mutex_unlock(&L->run_mu);
+        if (stop)
+            break;
         if (progress)
             last_progress = now_s();
-        if (st) {
-            char reason[CX_ERROR_MAX];
-            snprintf(reason, sizeof reason, "the background thread stopped after an error: %s",
-                     cx_error_message());
-            cx_log(env->log, CX_LOG_ERROR, "loop", "%s", reason);
-            fail_all(L, st == CFX_ERR_TRANSPORT ? CFX_ERR_TRANSPORT : st, reason);
-            stop = true;
-        }
         idle_streak = progress ? 0 : idle_streak + 1;
     }
     /* CUDA and NCCL state is made and ended by this thread alone (device_exec.h). */

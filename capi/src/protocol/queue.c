@@ -87,9 +87,12 @@ cfx_status cx_queue_push(cx_queue *q, cx_entry **entries, size_t n)
         q->tail = entries[i];
     }
     atomic_store(&q->has_work, 1);
-    if (atomic_load(&q->sleeping))
-        pthread_cond_signal(&q->work_cv);
+    bool wake = atomic_load(&q->sleeping) && (!q->lazy_wake || atomic_exchange(&q->wake_owed, 1));
+    if (wake)
+        atomic_store(&q->wake_owed, 0);
     pthread_mutex_unlock(&q->mu);
+    if (wake) /* after the unlock: the woken thread takes the lock at once */
+        pthread_cond_signal(&q->work_cv);
     return CFX_OK;
 }
 
@@ -117,7 +120,7 @@ cx_entry *cx_queue_take(cx_queue *q, const char *name)
     return e;
 }
 
-void cx_queue_wait(cx_queue *q, double timeout_s)
+static void wait_work_cv(cx_queue *q, double timeout_s, bool even_with_work)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -126,11 +129,16 @@ void cx_queue_wait(cx_queue *q, double timeout_s)
     ts.tv_nsec = (long)(ns % 1000000000ll);
     pthread_mutex_lock(&q->mu);
     atomic_store(&q->sleeping, 1);
-    if (!atomic_load(&q->has_work))
+    if (even_with_work || !atomic_load(&q->has_work))
         pthread_cond_timedwait(&q->work_cv, &q->mu, &ts);
     atomic_store(&q->sleeping, 0);
+    atomic_store(&q->wake_owed, 0); /* awake: it sees what was pushed */
     pthread_mutex_unlock(&q->mu);
 }
+
+void cx_queue_wait(cx_queue *q, double timeout_s) { wait_work_cv(q, timeout_s, false); }
+
+void cx_queue_sleep(cx_queue *q, double timeout_s) { wait_work_cv(q, timeout_s, true); }
 
 bool cx_queue_has_new(cx_queue *q) { return atomic_load(&q->has_work) != 0; }
 
@@ -142,6 +150,17 @@ void cx_queue_wake(cx_queue *q)
     pthread_mutex_lock(&q->mu);
     pthread_cond_signal(&q->work_cv);
     pthread_mutex_unlock(&q->mu);
+}
+
+void cx_queue_pay_wake(cx_queue *q)
+{
+    if (!atomic_load(&q->wake_owed))
+        return;
+    pthread_mutex_lock(&q->mu);
+    bool owed = atomic_exchange(&q->wake_owed, 0);
+    pthread_mutex_unlock(&q->mu);
+    if (owed)
+        pthread_cond_signal(&q->work_cv);
 }
 
 cx_entry *cx_queue_close(cx_queue *q, const char *reason)

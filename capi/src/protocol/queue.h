@@ -45,6 +45,12 @@ typedef struct cx_queue {
      * flag, then load the other's (seq_cst), so no wake-up is lost. */
     atomic_int has_work;
     atomic_int sleeping;
+    /* Lazy wake-ups (set at creation when waiting threads run cycles, loop.h): the first push that
+     * finds the thread asleep does not wake it but owes the wake-up, because the pusher most often
+     * waits for its work next and then runs it itself; the next push, cx_queue_pay_wake or the
+     * thread's cycle-time timeout pays it. */
+    bool lazy_wake;
+    atomic_int wake_owed;
     bool closed;           /* shut down: pushes are refused */
     char close_reason[512];
 } cx_queue;
@@ -69,6 +75,17 @@ cx_entry *cx_queue_take(cx_queue *q, const char *name);
 
 /* Sleeps until an entry is pushed, cx_queue_wake is called, or timeout_s passes. */
 void cx_queue_wait(cx_queue *q, double timeout_s);
+/* Wakes the background thread if a push owes it a wake-up (lazy_wake): a thread that will not run
+ * the cycles itself after all, or that polls. */
+void cx_queue_pay_wake(cx_queue *q);
+
+/* A thread that runs the cycles itself takes over the owed wake-up: its next cycle pops what was
+ * pushed (and it wakes the background thread for whatever it leaves behind). */
+static inline void cx_queue_forgive_wake(cx_queue *q) { atomic_store(&q->wake_owed, 0); }
+
+/* Sleeps until the next push or wake, or timeout_s, even while new work is queued (a thread that
+ * leaves the queue to another one). */
+void cx_queue_sleep(cx_queue *q, double timeout_s);
 /* Lock-free: whether an entry or a wake-up is waiting for the background thread. */
 bool cx_queue_has_new(cx_queue *q);
 /* Any thread: wakes the background thread (lock-free when it is not asleep). */
