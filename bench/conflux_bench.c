@@ -28,6 +28,21 @@
  * Every Conflux method is checked once per workload before timing: rank r contributes
  * (r + 1) + ((7 i + j) mod 13) to element j of tensor i; the sum is known exactly.
  *
+ * --compression: instead of the rows above, the conflux step with wire compression off and on
+ * (conflux, conflux_fp16, conflux_bf16: cfx_allreduce_async_opts with CFX_COMPRESSION_NONE, FP16,
+ * BF16), on the same private tensors in the same rounds, for a job that spans hosts (real ones, or
+ * pretend ones with CFX_TEST_LOCAL_SIZE; a job on one host is refused, as nothing would be
+ * compressed). The compressed methods are checked with values that are rarely 16-bit values
+ * (the pattern above plus ((j mod 7) + 1) / 9): every result must be within the 16-bit rounding of
+ * the exact sum (each host's partial sum rounded once when packed, each of the hosts - 1 combines
+ * once), be a 16-bit value itself (proof that it travelled compressed) and be bitwise the same on
+ * every rank. The baselines run too unless --no-mpi.
+ * --wire-iface IFACE: also counts the bytes each host sends on IFACE (its tx_bytes in /sys, read by
+ * local rank 0 of each host before the barrier that starts a step and after one that ends it),
+ * summed over the hosts, per step: rows METHOD.wire_bytes (median/min/max in bytes, not seconds).
+ * With --compression, a compressed step of a workload of 1 MiB or more that sends more than 0.7 x
+ * the uncompressed step's bytes fails the check (the payload halves).
+ *
  * --smoke: every workload once (no warm-up), results checked, nothing timed is asserted; exit 0/1.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -74,6 +89,9 @@ typedef struct result {
 
 static int g_rank, g_size;
 static MPI_Comm g_comm; /* the bench's own communicator for baselines and timing */
+static int g_local_rank;       /* rank among the ranks of this host (MPI_COMM_TYPE_SHARED) */
+static char g_wire_path[256];  /* --wire-iface: this host's tx_bytes counter, else "" */
+static int g_compression_mode; /* --compression */
 static FILE *g_raw;     /* rank 0: raw rows */
 static int g_failures;
 
@@ -341,6 +359,7 @@ typedef struct method {
     void *arg;
     const char *check; /* "ok"/"FAIL" for Conflux, "-" for the baselines */
     double *samples;
+    double *wire;      /* --wire-iface: bytes on the wire per step, per repeat (rank 0) */
 } method;
 
 static int cmp_double(const void *a, const void *b) {
@@ -358,34 +377,93 @@ static void emit(const workload *w, const char *name, result r, const char *chec
     fflush(stdout);
 }
 
+/* The bytes this host has sent on the --wire-iface interface (local rank 0 reads; others: 0). */
+static double wire_tx(void) {
+    if (!g_wire_path[0] || g_local_rank != 0) return 0;
+    FILE *f = fopen(g_wire_path, "r");
+    unsigned long long v = 0;
+    if (!f || fscanf(f, "%llu", &v) != 1) {
+        char msg[400];
+        snprintf(msg, sizeof msg, "cannot read %s: %s", g_wire_path, f ? "not a number" : strerror(errno));
+        die(msg);
+    }
+    fclose(f);
+    return (double)v;
+}
+
+/* Median, min, max of the n samples in x (sorted in place). */
+static result summarize(double *x, int n) {
+    result res = {0, 0, 0, n};
+    qsort(x, (size_t)n, sizeof(double), cmp_double);
+    res.median = n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+    res.min = x[0];
+    res.max = x[n - 1];
+    return res;
+}
+
+/* Emits the METHOD.wire_bytes rows (rank 0). With --compression, a compressed method's row of a
+ * workload of 1 MiB or more checks that its step sent at most 0.7 x the bytes of conflux's. */
+static void emit_wire(workload *w, method *ms, int nm) {
+    result res[16];
+    double plain = 0;
+    for (int k = 0; k < nm && k < 16; k++) {
+        res[k] = summarize(ms[k].wire, w->reps);
+        free(ms[k].wire);
+        ms[k].wire = NULL;
+        if (!strcmp(ms[k].name, "conflux")) plain = res[k].median;
+    }
+    for (int k = 0; k < nm && k < 16; k++) {
+        char name[64];
+        const char *check = "-";
+        snprintf(name, sizeof name, "%s.wire_bytes", ms[k].name);
+        if (g_compression_mode && strcmp(ms[k].name, "conflux") && !strncmp(ms[k].name, "conflux", 7) &&
+            w->total * sizeof(float) >= (1u << 20) && g_rank == 0) {
+            check = plain > 0 && res[k].median <= 0.7 * plain ? "ok" : "FAIL";
+            if (*check == 'F') {
+                fprintf(stderr, "[rank 0] CHECK FAILED %s %s: %.0f bytes on the wire per step, uncompressed "
+                        "%.0f (want at most 0.7 x)\n", w->name, ms[k].name, res[k].median, plain);
+                g_failures++;
+            }
+        }
+        emit(w, name, res[k], check);
+    }
+}
+
 /* Times the methods of one workload. Repeat r runs every method once, back to back, starting at a
  * rotating position, so that drift and noise from the rest of the machine hit all methods alike and
  * every ratio comes from the same rounds. Each step: barrier, MPI_Wtime around `inner` steps on every
- * rank, the max over ranks. */
+ * rank, the max over ranks. With --wire-iface, each host's sent bytes are read before that barrier
+ * (no rank starts before every host has read) and after a second barrier at the end of the step
+ * (outside the time), and summed over the hosts. */
 static void time_methods(workload *w, method *ms, int nm) {
-    for (int k = 0; k < nm; k++) ms[k].samples = xmalloc((size_t)w->reps * sizeof(double));
+    for (int k = 0; k < nm; k++) {
+        ms[k].samples = xmalloc((size_t)w->reps * sizeof(double));
+        ms[k].wire = g_wire_path[0] ? xmalloc((size_t)w->reps * sizeof(double)) : NULL;
+    }
     for (int r = 0; r < w->warmup + w->reps; r++) {
         for (int k = 0; k < nm; k++) {
             method *m = &ms[(k + r) % nm];
+            double tx0 = wire_tx();
             MPI_Barrier(g_comm);
             double t0 = MPI_Wtime();
             for (int i = 0; i < w->inner; i++) m->fn(w, m->arg);
             double dt = (MPI_Wtime() - t0) / w->inner, mx = 0;
+            if (m->wire) MPI_Barrier(g_comm);
+            double sent = (wire_tx() - tx0) / w->inner, total = 0;
             MPI_Reduce(&dt, &mx, 1, MPI_DOUBLE, MPI_MAX, 0, g_comm);
-            if (r >= w->warmup) m->samples[r - w->warmup] = mx;
+            if (m->wire) MPI_Reduce(&sent, &total, 1, MPI_DOUBLE, MPI_SUM, 0, g_comm);
+            if (r >= w->warmup) {
+                m->samples[r - w->warmup] = mx;
+                if (m->wire) m->wire[r - w->warmup] = total;
+            }
         }
     }
     for (int k = 0; k < nm; k++) {
-        result res = {0, 0, 0, w->reps};
-        double *x = ms[k].samples;
-        int n = w->reps;
-        qsort(x, (size_t)n, sizeof(double), cmp_double);
-        res.median = n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-        res.min = x[0];
-        res.max = x[n - 1];
-        emit(w, ms[k].name, res, ms[k].check);
+        emit(w, ms[k].name, summarize(ms[k].samples, w->reps), ms[k].check);
         free(ms[k].samples);
+        ms[k].samples = NULL;
     }
+    if (g_wire_path[0]) emit_wire(w, ms, nm);
 }
 
 /* ---- MPI baselines ----------------------------------------------------------------------------- */
@@ -418,14 +496,42 @@ typedef struct cfx_arg {
     cfx_handle *h;
     float **data; /* the tensors (one copy per Conflux method) */
     cfx_reduce_op op; /* CFX_OP_SUM (0) unless set */
+    cfx_compression compression; /* not NONE: through cfx_allreduce_async_opts */
+    char **names; /* NULL: the workload's tensor names; else this method's own (tagged_names) */
 } cfx_arg;
+
+/* The workload's tensor names with ".TAG" appended: a method whose parameters differ from conflux's
+ * (op, compression) gets its own names, so that its tensors and conflux's each stay in the response
+ * cache instead of invalidating each other's entry every round. */
+static char **tagged_names(const workload *w, const char *tag) {
+    char **names = xmalloc(w->n * sizeof *names);
+    for (size_t i = 0; i < w->n; i++) {
+        size_t len = strlen(w->t[i].name) + strlen(tag) + 2;
+        names[i] = xmalloc(len);
+        snprintf(names[i], len, "%s.%s", w->t[i].name, tag);
+    }
+    return names;
+}
+
+static void free_names(const workload *w, char **names) {
+    for (size_t i = 0; names && i < w->n; i++) free(names[i]);
+    free(names);
+}
 
 static void step_conflux(workload *w, void *arg) {
     cfx_arg *a = arg;
+    cfx_allreduce_options o;
+    cfx_check(cfx_allreduce_options_init(&o, CFX_ALLREDUCE_OPTIONS_VERSION), "cfx_allreduce_options_init");
+    o.op = a->op;
+    o.compression = (int32_t)a->compression;
     for (size_t i = w->n; i-- > 0;) { /* gradients arrive in roughly reverse registration order */
         cfx_tensor t = {a->data[i], w->t[i].shape, w->t[i].ndim, CFX_FLOAT32, CFX_DEVICE_CPU, NULL};
-        cfx_check(cfx_allreduce_async(a->ctx, w->t[i].name, &t, NULL, a->op, 1.0, 1.0, &a->h[i]),
-                  "cfx_allreduce_async");
+        const char *name = a->names ? a->names[i] : w->t[i].name;
+        if (a->compression == CFX_COMPRESSION_NONE)
+            cfx_check(cfx_allreduce_async(a->ctx, name, &t, NULL, a->op, 1.0, 1.0, &a->h[i]),
+                      "cfx_allreduce_async");
+        else
+            cfx_check(cfx_allreduce_async_opts(a->ctx, name, &t, NULL, &o, &a->h[i]), "cfx_allreduce_async_opts");
     }
     for (size_t i = w->n; i-- > 0;) {
         cfx_status s = cfx_wait(a->ctx, a->h[i], -1.0);
@@ -450,7 +556,7 @@ static void add_conflux_method(workload *w, const char *name, cfx_arg *a, method
     if (!ok) fprintf(stderr, "[rank %d] CHECK FAILED %s %s: %s\n", g_rank, w->name, name, why);
     if (!all_ok) g_failures++;
     zero_tensors(w, a->data);
-    ms[(*nm)++] = (method){name, step_conflux, a, all_ok ? "ok" : "FAIL", NULL};
+    ms[(*nm)++] = (method){name, step_conflux, a, all_ok ? "ok" : "FAIL", NULL, NULL};
 }
 
 /* conflux_adasum: the conflux step with CFX_OP_ADASUM. Checked once with the same tensors on every
@@ -470,7 +576,83 @@ static void add_adasum_method(workload *w, cfx_arg *a, method *ms, int *nm) {
     MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, g_comm);
     if (!all_ok) g_failures++;
     zero_tensors(w, a->data);
-    ms[(*nm)++] = (method){"conflux_adasum", step_conflux, a, all_ok ? "ok" : "FAIL", NULL};
+    ms[(*nm)++] = (method){"conflux_adasum", step_conflux, a, all_ok ? "ok" : "FAIL", NULL, NULL};
+}
+
+/* The checks of a compressed step (--compression). Rank r's value of element j of tensor i:
+ * pattern() plus ((j mod 7) + 1) / 9, whose sums are rarely 16-bit values. */
+static float cpattern(int rank, size_t i, size_t j) { return pattern(rank, i, j) + (float)(j % 7 + 1) / 9.0f; }
+
+static int is_16bit(float v, int bf16) {
+    if (bf16) {
+        uint32_t bits;
+        memcpy(&bits, &v, sizeof bits);
+        return (bits & 0xFFFFu) == 0;
+    }
+    int e;
+    double m = frexp(fabs((double)v), &e); /* |v| = m 2^e, m in [0.5, 1) */
+    if (fabs((double)v) > 65504.0) return 0;
+    double scaled = e - 1 >= -14 ? ldexp(m, 11) : ldexp(fabs((double)v), 24);
+    return scaled == floor(scaled);
+}
+
+/* A 64-bit hash of the tensors' bytes, to see that every rank holds the same result. */
+static uint64_t hash_tensors(const workload *w, float **data) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < w->n; i++)
+        for (size_t j = 0; j < w->t[i].count; j++) {
+            uint32_t bits;
+            memcpy(&bits, &data[i][j], sizeof bits);
+            h = (h ^ bits) * 0x100000001b3ull;
+        }
+    return h;
+}
+
+/* 1 when every element is within the rounding of the exact sum over ranks of cpattern() that a
+ * compressed step allows (each host's partial sum rounded once when packed, each of the hosts - 1
+ * cross-host combines once; unit roundoff u of the 16-bit form; plus float32's within a host) and is
+ * a 16-bit value. */
+static int check_compressed(workload *w, float **data, cfx_compression c, int hosts, char *why, size_t whylen) {
+    const int bf16 = c == CFX_COMPRESSION_BF16;
+    const double u = bf16 ? 0x1p-8 : 0x1p-11;
+    for (size_t i = 0; i < w->n; i++)
+        for (size_t j = 0; j < w->t[i].count; j++) {
+            double exact = 0; /* every value is positive: the magnitude is the sum */
+            for (int r = 0; r < g_size; r++) exact += (double)cpattern(r, i, j);
+            double tol = u * hosts * exact * (1 + u) + 0x1p-22 * g_size * exact, got = (double)data[i][j];
+            if (!(fabs(got - exact) <= tol)) {
+                snprintf(why, whylen, "%s element %zu = %.9g, exact sum %.9g, allowed error %.3g", w->t[i].name, j,
+                         got, exact, tol);
+                return 0;
+            }
+            if (!is_16bit(data[i][j], bf16)) {
+                snprintf(why, whylen, "%s element %zu = %.9g is no %s value: the data did not travel compressed",
+                         w->t[i].name, j, got, bf16 ? "bfloat16" : "float16");
+                return 0;
+            }
+        }
+    return 1;
+}
+
+/* Checks the compressed step on a's tensors once (check_compressed, and the same bytes on every
+ * rank), zeroes them again and adds the method. */
+static void add_compressed_method(workload *w, const char *name, cfx_arg *a, method *ms, int *nm) {
+    for (size_t i = 0; i < w->n; i++)
+        for (size_t j = 0; j < w->t[i].count; j++) a->data[i][j] = cpattern(g_rank, i, j);
+    step_conflux(w, a);
+    char why[256] = "";
+    int ok = check_compressed(w, a->data, a->compression, cfx_cross_size(a->ctx), why, sizeof why), all_ok = 0;
+    if (!ok) fprintf(stderr, "[rank %d] CHECK FAILED %s %s: %s\n", g_rank, w->name, name, why);
+    uint64_t h = hash_tensors(w, a->data), lo = 0, hi = 0;
+    MPI_Allreduce(&h, &lo, 1, MPI_UINT64_T, MPI_MIN, g_comm);
+    MPI_Allreduce(&h, &hi, 1, MPI_UINT64_T, MPI_MAX, g_comm);
+    if (lo != hi && g_rank == 0)
+        fprintf(stderr, "[rank 0] CHECK FAILED %s %s: the ranks' results are not bitwise the same\n", w->name, name);
+    ok = ok && lo == hi;
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, g_comm);
+    if (!all_ok) g_failures++;
+    zero_tensors(w, a->data);
+    ms[(*nm)++] = (method){name, step_conflux, a, all_ok ? "ok" : "FAIL", NULL, NULL};
 }
 
 /* conflux_gradset: the workload's tensors registered once in a gradient set with owned storage
@@ -526,7 +708,7 @@ static void add_gradset_method(workload *w, gradset_arg *g, method *ms, int *nm)
     zero_tensors(w, g->data);
     g->ready_s = 0;
     g->ready_calls = 0;
-    ms[(*nm)++] = (method){"conflux_gradset", step_gradset, g, all_ok ? "ok" : "FAIL", NULL};
+    ms[(*nm)++] = (method){"conflux_gradset", step_gradset, g, all_ok ? "ok" : "FAIL", NULL, NULL};
 }
 #else
 typedef struct cfx_context cfx_context;
@@ -534,8 +716,9 @@ typedef struct cfx_context cfx_context;
 
 /* ---- one workload ------------------------------------------------------------------------------ */
 
-/* Runs the workload's methods: Conflux (conflux, conflux_shared) when ctx is set, the MPI baselines
- * when `baselines`. conflux and the baselines share the private tensors; conflux_shared has its own. */
+/* Runs the workload's methods: Conflux (conflux, conflux_shared, ...; with --compression conflux,
+ * conflux_fp16 and conflux_bf16) when ctx is set, the MPI baselines when `baselines`. conflux (and the
+ * compressed methods) and the baselines share the private tensors; conflux_shared has its own. */
 static void run_workload(workload *w, mode m, cfx_context *ctx, int baselines) {
     method ms[10];
     int nm = 0;
@@ -544,10 +727,23 @@ static void run_workload(workload *w, mode m, cfx_context *ctx, int baselines) {
     static const char *chunk_names[] = {"mpi_chunk_1M", "mpi_chunk_4M", "mpi_chunk_16M"};
     float **priv = alloc_tensors(w, PLACE_PRIVATE), **shared = NULL;
 #if CFX_BENCH_HAVE_CONFLUX
-    cfx_arg ca = {ctx, NULL, priv, CFX_OP_SUM}, cs = {ctx, NULL, NULL, CFX_OP_SUM};
-    cfx_arg cad = {ctx, NULL, priv, CFX_OP_ADASUM}; /* the private tensors, as conflux */
+    cfx_arg ca = {ctx, NULL, priv, CFX_OP_SUM, CFX_COMPRESSION_NONE, NULL};
+    cfx_arg cs = {ctx, NULL, NULL, CFX_OP_SUM, CFX_COMPRESSION_NONE, NULL};
+    /* the private tensors, as conflux: Adasum; with --compression fp16 and bf16 */
+    cfx_arg cad = {ctx, NULL, priv, CFX_OP_ADASUM, CFX_COMPRESSION_NONE, NULL};
+    cfx_arg cf16 = {ctx, NULL, priv, CFX_OP_SUM, CFX_COMPRESSION_FP16, NULL};
+    cfx_arg cb16 = {ctx, NULL, priv, CFX_OP_SUM, CFX_COMPRESSION_BF16, NULL};
     gradset_arg gs = {0};
-    if (ctx) {
+    if (ctx && g_compression_mode) {
+        ca.h = xmalloc(w->n * sizeof(cfx_handle));
+        cf16.h = ca.h; /* the methods run one at a time */
+        cb16.h = ca.h;
+        cf16.names = tagged_names(w, "fp16");
+        cb16.names = tagged_names(w, "bf16");
+        add_conflux_method(w, "conflux", &ca, ms, &nm);
+        add_compressed_method(w, "conflux_fp16", &cf16, ms, &nm);
+        add_compressed_method(w, "conflux_bf16", &cb16, ms, &nm);
+    } else if (ctx) {
         ca.h = xmalloc(w->n * sizeof(cfx_handle));
         cs.h = xmalloc(w->n * sizeof(cfx_handle));
         cs.data = shared = alloc_tensors(w, PLACE_SHARED);
@@ -557,6 +753,7 @@ static void run_workload(workload *w, mode m, cfx_context *ctx, int baselines) {
         add_gradset_method(w, &gs, ms, &nm);
         if (!strcmp(w->group, "model")) {
             cad.h = xmalloc(w->n * sizeof(cfx_handle));
+            cad.names = tagged_names(w, "adasum");
             add_adasum_method(w, &cad, ms, &nm);
         }
     }
@@ -575,12 +772,12 @@ static void run_workload(workload *w, mode m, cfx_context *ctx, int baselines) {
             memset(flat, 0, w->total * sizeof(float));
         }
         fa[0] = (flat_arg){flat, 0};
-        ms[nm++] = (method){"mpi_flat", step_mpi_flat, &fa[0], "-", NULL};
-        if (w->n > 1) ms[nm++] = (method){"mpi_per_tensor", step_mpi_per_tensor, priv, "-", NULL};
+        ms[nm++] = (method){"mpi_flat", step_mpi_flat, &fa[0], "-", NULL, NULL};
+        if (w->n > 1) ms[nm++] = (method){"mpi_per_tensor", step_mpi_per_tensor, priv, "-", NULL, NULL};
         for (size_t k = 0; k < 3; k++) {
             fa[k + 1] = (flat_arg){flat, (chunks_mib[k] << 20) / sizeof(float)};
             if (w->total > fa[k + 1].chunk) /* else identical to mpi_flat */
-                ms[nm++] = (method){chunk_names[k], step_mpi_flat, &fa[k + 1], "-", NULL};
+                ms[nm++] = (method){chunk_names[k], step_mpi_flat, &fa[k + 1], "-", NULL, NULL};
         }
     }
     time_methods(w, ms, nm);
@@ -603,6 +800,9 @@ static void run_workload(workload *w, mode m, cfx_context *ctx, int baselines) {
     free(ca.h);
     free(cs.h);
     free(cad.h);
+    free_names(w, cad.names);
+    free_names(w, cf16.names);
+    free_names(w, cb16.names);
 #endif
 }
 
@@ -639,6 +839,14 @@ static void measure_idle_cpu(void) {
     cfx_check(cfx_shutdown(ctx), "cfx_shutdown");
     cfx_context_free(ctx);
 }
+
+/* The context spans the job; with --compression it must span hosts, or nothing is compressed. */
+static void check_context(cfx_context *ctx) {
+    if (cfx_size(ctx) != g_size) die("cfx_size differs from the MPI world size");
+    if (g_compression_mode && cfx_cross_size(ctx) < 2)
+        die("--compression needs a job that spans hosts (cfx_cross_size is 1, so nothing would be "
+            "compressed): run it on hosts, or pretend some with CFX_TEST_LOCAL_SIZE");
+}
 #endif
 
 /* ---- main -------------------------------------------------------------------------------------- */
@@ -647,16 +855,20 @@ static void usage(void) {
     fprintf(stderr,
             "usage: conflux_bench [--quick|--smoke] [--workloads DIR] [--raw FILE] [--spec FILE]\n"
             "                     [--only NAME,GROUP,...] [--no-conflux] [--no-mpi]\n"
-            "                     [--schedule blocks|interleave|phases]\n"
+            "                     [--schedule blocks|interleave|phases] [--compression]\n"
+            "                     [--wire-iface IFACE]\n"
             "  blocks (default): per workload, the baselines with no Conflux context alive, then a fresh\n"
             "    context for the Conflux rows. interleave: one context for the run, each repeat runs\n"
             "    Conflux and every baseline back to back (the baselines then share the machine with the\n"
-            "    idle background thread). phases: all baselines first, then one context for Conflux.\n");
+            "    idle background thread). phases: all baselines first, then one context for Conflux.\n"
+            "  --compression: the conflux step with wire compression none, fp16, bf16 instead of the\n"
+            "    other Conflux rows (the job must span hosts, pretend ones with CFX_TEST_LOCAL_SIZE).\n"
+            "  --wire-iface IFACE: also the bytes each step sends on IFACE, summed over the hosts.\n");
 }
 
 int main(int argc, char **argv) {
     mode m = MODE_FULL;
-    const char *dir = NULL, *raw = NULL, *spec = NULL, *only = NULL;
+    const char *dir = NULL, *raw = NULL, *spec = NULL, *only = NULL, *iface = NULL;
     int want_conflux = CFX_BENCH_HAVE_CONFLUX, want_mpi = 1;
     enum { SCHED_BLOCKS, SCHED_INTERLEAVE, SCHED_PHASES } sched = SCHED_BLOCKS;
     for (int i = 1; i < argc; i++) {
@@ -664,6 +876,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--smoke")) m = MODE_SMOKE;
         else if (!strcmp(argv[i], "--no-conflux")) want_conflux = 0;
         else if (!strcmp(argv[i], "--no-mpi")) want_mpi = 0;
+        else if (!strcmp(argv[i], "--compression")) g_compression_mode = 1;
+        else if (!strcmp(argv[i], "--wire-iface") && i + 1 < argc) iface = argv[++i];
         else if (!strcmp(argv[i], "--workloads") && i + 1 < argc) dir = argv[++i];
         else if (!strcmp(argv[i], "--raw") && i + 1 < argc) raw = argv[++i];
         else if (!strcmp(argv[i], "--spec") && i + 1 < argc) spec = argv[++i];
@@ -686,6 +900,16 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_size);
     MPI_Comm_dup(MPI_COMM_WORLD, &g_comm);
+    MPI_Comm local;
+    MPI_Comm_split_type(g_comm, MPI_COMM_TYPE_SHARED, g_rank, MPI_INFO_NULL, &local);
+    MPI_Comm_rank(local, &g_local_rank);
+    MPI_Comm_free(&local);
+    if (iface) {
+        if (!*iface || strchr(iface, '/') || strlen(iface) > 64) die("--wire-iface needs an interface name");
+        snprintf(g_wire_path, sizeof g_wire_path, "/sys/class/net/%s/statistics/tx_bytes", iface);
+        (void)wire_tx(); /* fails now, naming the file, rather than in the first step */
+    }
+    if (g_compression_mode && !want_conflux) die("--compression times Conflux: it cannot go with --no-conflux");
 #ifdef CFX_BENCH_WORKLOAD_DIR
     if (!dir) dir = CFX_BENCH_WORKLOAD_DIR;
 #endif
@@ -710,19 +934,19 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < g_nwl; i++) {
             if (want_mpi) run_workload(&g_wl[i], m, NULL, 1);
             cfx_check(cfx_init(NULL, &ctx), "cfx_init");
-            if (cfx_size(ctx) != g_size) die("cfx_size differs from the MPI world size");
+            check_context(ctx);
             run_workload(&g_wl[i], m, ctx, 0);
             cfx_check(cfx_shutdown(ctx), "cfx_shutdown");
             cfx_context_free(ctx);
         }
     } else if (want_conflux) {
         cfx_check(cfx_init(NULL, &ctx), "cfx_init");
-        if (cfx_size(ctx) != g_size) die("cfx_size differs from the MPI world size");
+        check_context(ctx);
         for (size_t i = 0; i < g_nwl; i++) run_workload(&g_wl[i], m, ctx, want_mpi && sched == SCHED_INTERLEAVE);
         cfx_check(cfx_shutdown(ctx), "cfx_shutdown");
         cfx_context_free(ctx);
     }
-    if (want_conflux && m != MODE_SMOKE) measure_idle_cpu();
+    if (want_conflux && m != MODE_SMOKE && !g_compression_mode) measure_idle_cpu();
 #endif
     (void)ctx;
     if (g_rank == 0) {
