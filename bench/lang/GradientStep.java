@@ -50,11 +50,8 @@ public final class GradientStep {
             cStep.setAccessible(true);
             Runnable c = () -> {
                 try {
-                    int st = (Integer) cStep.invoke(null, set, n, new double[1], new double[1]);
-                    if (st != 0) {
-                        throw new IllegalStateException("C step failed: status " + st);
-                    }
-                } catch (ReflectiveOperationException e) {
+                    cSteps(cStep, set, n, new double[1], new double[1]);
+                } catch (Exception e) {
                     throw new IllegalStateException(e);
                 }
             };
@@ -69,10 +66,11 @@ public final class GradientStep {
             double[] rj = new double[per * blocks];
             double[] block = new double[per];
             double[] blockReady = new double[per];
-            for (int k = -1; k < blocks; k++) {  // block -1 warms up (JIT) and is not counted
-                int st = (Integer) cStep.invoke(null, set, n, block, blockReady);
-                if (st != 0) {
-                    throw new IllegalStateException("C step failed: status " + st);
+            // block -1 warms up (JIT) and is not counted; odd blocks run the C steps last, so that
+            // neither path always follows the other
+            for (int k = -1; k < blocks; k++) {
+                if (k % 2 == 0 || k < 0) {
+                    cSteps(cStep, set, n, block, blockReady);
                 }
                 for (int i = 0; i < per; i++) {
                     long t0 = System.nanoTime();
@@ -85,6 +83,9 @@ public final class GradientStep {
                         rj[k * per + i] = (tr - t0) / 1e3;
                     }
                 }
+                if (k % 2 != 0 && k >= 0) {
+                    cSteps(cStep, set, n, block, blockReady);
+                }
                 if (k >= 0) {
                     System.arraycopy(block, 0, tc, k * per, per);
                     System.arraycopy(blockReady, 0, rc, k * per, per);
@@ -96,6 +97,14 @@ public final class GradientStep {
                 print("c-ready-in-java", rc);
                 print("java-ready", rj);
             }
+        }
+    }
+
+    /** block.length steps through the JNI helper (their times and those of their ready calls). */
+    static void cSteps(Method cStep, long set, int n, double[] block, double[] blockReady) throws Exception {
+        int st = (Integer) cStep.invoke(null, set, n, block, blockReady);
+        if (st != 0) {
+            throw new IllegalStateException("C step failed: status " + st);
         }
     }
 

@@ -20,7 +20,8 @@ import java.util.concurrent.ConcurrentLinkedQueue;
  * }</pre>
  *
  * <p>Every collective comes in two forms: {@code allreduce(...)} waits and returns the result,
- * {@code allreduceAsync(...)} returns a {@link Handle} at once. Data is a {@code float[]},
+ * {@code allreduceAsync(...)} returns a {@link Handle} at once. An allreduce's op, scale factors
+ * and {@link Compression} can also come in one {@link AllreduceOptions}. Data is a {@code float[]},
  * {@code double[]}, {@code int[]} or {@code long[]} (copied to native memory and back), or a direct
  * {@code java.nio} buffer in native byte order (zero-copy, from its position to its limit; a
  * {@code ByteBuffer} states its {@link DType}). Heap buffers are rejected. Tensors are one-dimensional.
