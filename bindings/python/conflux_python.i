@@ -312,21 +312,41 @@ static PyObject *cfx_py_gradset_wait(cfx_gradset *set, double timeout_s) {
     cfx_py_raise((int)st, cfx_last_error());
     return NULL;
 }
+/* cfx_allreduce_async with a compression: the allreduce that collectives started through SWIG's
+ * wrappers (process sets' contexts) call, with the arguments of cfx_allreduce_async and one more. */
+static cfx_status cfx_py_allreduce_async(cfx_context *ctx, const char *name, const cfx_tensor *input,
+                                         void *output, int op, double prescale, double postscale,
+                                         int compression, cfx_handle *out) {
+    if (compression == CFX_COMPRESSION_NONE)
+        return cfx_allreduce_async(ctx, name, input, output, (cfx_reduce_op)op, prescale, postscale, out);
+    cfx_allreduce_options o;
+    (void)cfx_allreduce_options_init(&o, CFX_ALLREDUCE_OPTIONS_VERSION);
+    o.op = op;
+    o.prescale = prescale;
+    o.postscale = postscale;
+    o.compression = compression;
+    return cfx_allreduce_async_opts(ctx, name, input, output, &o, out);
+}
+
 /* ---- the fast path of lone collectives ----
  * METH_FASTCALL functions added to the native module at init (SWIG's wrappers unpack a tuple and
  * convert every argument through its type table; these take the package's objects as they are):
- *   cfx_py_run(kind, name, desc, output, a, b, c, ctx, keep) -> None: submits, waits (the GIL
+ *   cfx_py_run(kind, name, desc, output, a, b, c, d, ctx, keep) -> None: submits, waits (the GIL
  *     released once for the submit and the first slice of the wait) and releases the handle; raises
  *     the collective's error. Interrupted by a signal, it hands (ctx, handle, keep) to the parking
  *     function set by cfx_py_fast_init before the exception propagates: the engine still borrows
  *     the memory that `keep` holds.
- *   cfx_py_submit(kind, name, desc, output, a, b, c, ctx) -> the handle id (an int).
+ *   cfx_py_submit(kind, name, desc, output, a, b, c, d, ctx) -> the handle id (an int).
  * ctx: an object whose attribute `ptr` is the SWIG cfx_context pointer. kind: CFX_PY_ALLREDUCE
- * (a = op, b = prescale, c = postscale, output = an address or None), CFX_PY_BROADCAST (a = root
- * rank) or CFX_PY_BARRIER (desc None). name: a str or None; desc: the tuple of cfx_py_tensor.
+ * (a = op, b = prescale, c = postscale, d = the compression, output = an address or None),
+ * CFX_PY_BROADCAST (a = root rank) or CFX_PY_BARRIER (desc None). name: a str or None; desc: the
+ * tuple of cfx_py_tensor. d is an int (a cfx_compression, checked by the engine), or any object
+ * that the converter set by cfx_py_fast_init turns into one; an allreduce without compression
+ * goes through cfx_allreduce_async as before, one with it through cfx_allreduce_async_opts.
  * The context comes after the request, so that a bad argument is reported before a missing init. */
 enum { CFX_PY_ALLREDUCE = 0, CFX_PY_BROADCAST = 1, CFX_PY_BARRIER = 2 };
 static PyObject *cfx_py_park;    /* park(ctx, handle, keep), set by cfx_py_fast_init */
+static PyObject *cfx_py_compression_of; /* compression_of(obj) -> int, set by cfx_py_fast_init */
 static PyObject *cfx_py_str_ptr; /* "ptr", interned */
 
 static int cfx_py_context_of(PyObject *ctx, cfx_context **out) {
@@ -352,7 +372,33 @@ typedef struct cfx_py_lone {
     void *output;
     long a;
     double b, c;
+    int32_t compression;
 } cfx_py_lone;
+
+/* A compression argument as a cfx_compression value: an int as it is (the engine names a value
+ * it does not know), anything else (a compressor class of conflux.torch, a bool) through the
+ * package's converter, which raises for what it does not take. */
+static int cfx_py_compression(PyObject *o, int32_t *out) {
+    PyObject *conv = NULL;
+    if (!PyLong_Check(o) || PyBool_Check(o)) {
+        if (cfx_py_compression_of == NULL) {
+            PyErr_SetString(PyExc_TypeError, "compression must be an int (cfx_py_fast_init not called)");
+            return -1;
+        }
+        conv = PyObject_CallOneArg(cfx_py_compression_of, o);
+        if (conv == NULL) return -1;
+        o = conv;
+    }
+    long v = PyLong_AsLong(o);
+    Py_XDECREF(conv);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (v < INT32_MIN || v > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "compression %ld is not a cfx_compression", v);
+        return -1;
+    }
+    *out = (int32_t)v;
+    return 0;
+}
 
 static int cfx_py_lone_args(PyObject *const *args, cfx_py_lone *r) {
     long kind = PyLong_AsLong(args[0]);
@@ -373,6 +419,7 @@ static int cfx_py_lone_args(PyObject *const *args, cfx_py_lone *r) {
         if (r->b == -1.0 && PyErr_Occurred()) return -1;
         r->c = PyFloat_AsDouble(args[6]);
         if (r->c == -1.0 && PyErr_Occurred()) return -1;
+        if (cfx_py_compression(args[7], &r->compression) < 0) return -1;
     } else if (r->kind == CFX_PY_BROADCAST) {
         if (r->a < INT_MIN || r->a > INT_MAX) {
             PyErr_Format(PyExc_ValueError, "root_rank %ld is out of range", r->a);
@@ -389,7 +436,8 @@ static int cfx_py_lone_args(PyObject *const *args, cfx_py_lone *r) {
 static cfx_status cfx_py_lone_submit(cfx_context *ctx, const cfx_py_lone *r, cfx_handle *h) {
     switch (r->kind) {
     case CFX_PY_ALLREDUCE:
-        return cfx_allreduce_async(ctx, r->name, &r->t, r->output, (cfx_reduce_op)r->a, r->b, r->c, h);
+        return cfx_py_allreduce_async(ctx, r->name, &r->t, r->output, (int)r->a, r->b, r->c,
+                                      r->compression, h);
     case CFX_PY_BROADCAST:
         return cfx_broadcast_async(ctx, r->name, &r->t, (int)r->a, h);
     default:
@@ -416,8 +464,8 @@ static PyObject *cfx_py_fail_handle(cfx_context *ctx, cfx_handle h, cfx_status s
 static PyObject *cfx_py_run(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     cfx_context *ctx;
     cfx_py_lone r;
-    if (cfx_py_fast_nargs(n, 9, "cfx_py_run") < 0 || cfx_py_lone_args(args, &r) < 0 ||
-        cfx_py_context_of(args[7], &ctx) < 0)
+    if (cfx_py_fast_nargs(n, 10, "cfx_py_run") < 0 || cfx_py_lone_args(args, &r) < 0 ||
+        cfx_py_context_of(args[8], &ctx) < 0)
         return NULL;
     cfx_handle h = 0;
     cfx_status sub, st = CFX_ERR_TIMEOUT;
@@ -439,8 +487,8 @@ static PyObject *cfx_py_run(PyObject *self, PyObject *const *args, Py_ssize_t n)
             PyObject *type, *value, *tb;
             PyErr_Fetch(&type, &value, &tb);
             PyObject *hid = PyLong_FromUnsignedLongLong((unsigned long long)h);
-            PyObject *res = hid && cfx_py_park ? PyObject_CallFunctionObjArgs(cfx_py_park, args[7], hid,
-                                                                              args[8], NULL) : NULL;
+            PyObject *res = hid && cfx_py_park ? PyObject_CallFunctionObjArgs(cfx_py_park, args[8], hid,
+                                                                              args[9], NULL) : NULL;
             if (res == NULL) PyErr_WriteUnraisable(cfx_py_park);
             Py_XDECREF(res);
             Py_XDECREF(hid);
@@ -456,8 +504,8 @@ static PyObject *cfx_py_run(PyObject *self, PyObject *const *args, Py_ssize_t n)
 static PyObject *cfx_py_submit(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     cfx_context *ctx;
     cfx_py_lone r;
-    if (cfx_py_fast_nargs(n, 8, "cfx_py_submit") < 0 || cfx_py_lone_args(args, &r) < 0 ||
-        cfx_py_context_of(args[7], &ctx) < 0)
+    if (cfx_py_fast_nargs(n, 9, "cfx_py_submit") < 0 || cfx_py_lone_args(args, &r) < 0 ||
+        cfx_py_context_of(args[8], &ctx) < 0)
         return NULL;
     cfx_handle h = 0;
     cfx_status st;
@@ -471,13 +519,16 @@ static PyObject *cfx_py_submit(PyObject *self, PyObject *const *args, Py_ssize_t
     return PyLong_FromUnsignedLongLong((unsigned long long)h);
 }
 
-static PyObject *cfx_py_fast_init(PyObject *self, PyObject *park) {
-    if (!PyCallable_Check(park)) {
-        PyErr_SetString(PyExc_TypeError, "cfx_py_fast_init needs a callable");
+static PyObject *cfx_py_fast_init(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (cfx_py_fast_nargs(n, 2, "cfx_py_fast_init") < 0) return NULL;
+    if (!PyCallable_Check(args[0]) || !PyCallable_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "cfx_py_fast_init needs two callables");
         return NULL;
     }
-    Py_INCREF(park);
-    Py_XSETREF(cfx_py_park, park);
+    Py_INCREF(args[0]);
+    Py_XSETREF(cfx_py_park, args[0]);
+    Py_INCREF(args[1]);
+    Py_XSETREF(cfx_py_compression_of, args[1]);
     Py_RETURN_NONE;
 }
 
@@ -552,11 +603,12 @@ static PyMethodDef cfx_py_fast_methods[] = {
     {"cfx_py_bench_c_allreduce", (PyCFunction)(void (*)(void))cfx_py_bench_c_allreduce, METH_FASTCALL,
      "cfx_py_bench_c_allreduce(ptr, n) -> n times (us) of a blocking 1-element allreduce from C."},
     {"cfx_py_run", (PyCFunction)(void (*)(void))cfx_py_run, METH_FASTCALL,
-     "cfx_py_run(kind, name, desc, output, a, b, c, ctx, keep): a lone collective, submitted and waited for."},
+     "cfx_py_run(kind, name, desc, output, a, b, c, d, ctx, keep): a lone collective, submitted and waited for."},
     {"cfx_py_submit", (PyCFunction)(void (*)(void))cfx_py_submit, METH_FASTCALL,
-     "cfx_py_submit(kind, name, desc, output, a, b, c, ctx) -> handle id."},
-    {"cfx_py_fast_init", cfx_py_fast_init, METH_O,
-     "cfx_py_fast_init(park): park(ctx, handle, keep) takes a blocking call's handle left pending."},
+     "cfx_py_submit(kind, name, desc, output, a, b, c, d, ctx) -> handle id."},
+    {"cfx_py_fast_init", (PyCFunction)(void (*)(void))cfx_py_fast_init, METH_FASTCALL,
+     "cfx_py_fast_init(park, compression_of): park(ctx, handle, keep) takes a blocking call's handle "
+     "left pending; compression_of(obj) -> the cfx_compression of a compression argument that is no int."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -736,4 +788,7 @@ PyObject *cfx_py_wait(cfx_context *ctx, uint64_t handle, double timeout_s);
 PyObject *cfx_py_alloc(size_t bytes);
 PyObject *cfx_py_gradset_wait(cfx_gradset *set, double timeout_s);
 int cfx_py_handle_status(cfx_context *ctx, uint64_t handle);
+cfx_status cfx_py_allreduce_async(cfx_context *ctx, const char *name, const cfx_tensor *input,
+                                  void *output, int op, double prescale, double postscale,
+                                  int compression, cfx_handle *out);
 PyObject *cfx_py_raise_status(int status, const char *message);

@@ -24,7 +24,7 @@ from . import _core
 from . import _dlpack
 from . import _ops
 from ._core import (  # noqa: F401  (re-exported API)
-    Adasum, Average, Handle, Max, Min, Product, Sum,
+    Adasum, Average, Compression, Handle, Max, Min, Product, Sum,
     cross_rank, cross_size, features, init, is_initialized, local_rank, local_size, poll, rank,
     shutdown, size, synchronize, version, start_timeline, stop_timeline, timeline,
     ConfluxError, InvalidArgumentError, NotInitializedError, ShutDownError, DuplicateNameError,
@@ -37,7 +37,7 @@ __version__ = _core.version()
 
 __all__ = list(_core.BASE_NAMES) + list(_ops.NAMES) + [
     "barrier", "barrier_async", "join", "join_async", "poll", "synchronize", "Handle",
-    "shared_array", "GradientSet", "ProcessSet",
+    "shared_array", "GradientSet", "ProcessSet", "Compression",
 ] + list(_core.ERROR_NAMES)
 
 # ---- numpy dtypes <-> ABI dtypes ----
@@ -140,7 +140,9 @@ def _copy(a, what):
 # ---- the collectives (conflux._ops.OPS) ----
 _DOCS = {
     "allreduce": "Reduces `array` over all ranks: postscale * op(prescale * x) (Average divides by "
-                 "size too).\nReturns a new array.",
+                 "size too).\nReturns a new array. `compression` (a Compression) sends float32 and "
+                 "float64 values as 16-bit\nfloats where it applies (docs/python.md "
+                 "\"Compression\").",
     "allreduce_": "In-place allreduce; returns `array`.",
     "allreduce_async": "Starts an allreduce into a new array; synchronize() returns it.",
     "allreduce_async_": "Starts an in-place allreduce of `array`; synchronize() returns `array`.",

@@ -9,6 +9,7 @@ completes, and a function that turns the completed handle into the result. Share
 """
 import atexit
 import contextlib
+import enum
 import operator
 import threading
 
@@ -78,6 +79,48 @@ def check_op(op):
     if isinstance(op, bool) or op not in _OPS:
         raise ValueError("unknown reduction op %r; use Sum, Average, Min, Max, Product or Adasum" % (op,))
     return int(op)
+
+
+# ---- wire compression ----
+class Compression(enum.IntEnum):
+    """How an allreduce's float32/float64 values travel (cfx_compression; docs/c-api.md
+    "Compression"): `fp16` or `bf16` on the legs across hosts, `fp16_everywhere` or
+    `bf16_everywhere` on every leg that goes over the transport (CFX_COMPRESSION_EVERYWHERE=1 makes
+    fp16 and bf16 mean those). Each rank's values are rounded once when packed, combined in
+    float32 and unpacked into the tensor's dtype; within a host the shared-memory reduction stays
+    exact. The engine's ints are accepted wherever a Compression is."""
+    none = _capi.CFX_COMPRESSION_NONE
+    fp16 = _capi.CFX_COMPRESSION_FP16
+    bf16 = _capi.CFX_COMPRESSION_BF16
+    fp16_everywhere = _capi.CFX_COMPRESSION_FP16_EVERYWHERE
+    bf16_everywhere = _capi.CFX_COMPRESSION_BF16_EVERYWHERE
+
+    def __repr__(self):
+        return "Compression." + self.name
+
+
+Compression.__module__ = "conflux"
+
+# Objects other than ints that name a compression: conflux.torch adds Horovod's compressor
+# classes (Compression.none and Compression.fp16 there).
+COMPRESSION_ALIASES = {}
+
+
+def check_compression(compression):
+    """The cfx_compression value of a compression argument: a Compression, the engine's int (an
+    unknown one is the engine's to name), None (no compression) or an alias."""
+    if isinstance(compression, int) and not isinstance(compression, bool):
+        return int(compression)
+    if compression is None:
+        return 0
+    try:
+        code = COMPRESSION_ALIASES.get(compression)
+    except TypeError:  # unhashable
+        code = None
+    if code is None:
+        raise TypeError("compression must be a conflux.Compression (none, fp16, bf16, "
+                        "fp16_everywhere, bf16_everywhere), not %r" % (compression,))
+    return code
 
 
 def check_name(name):
@@ -417,7 +460,7 @@ def _park(ctx, hid, keep):
     _orphans.append((ctx, hid, keep))
 
 
-_native.cfx_py_fast_init(_park)
+_native.cfx_py_fast_init(_park, check_compression)
 
 
 def submit(fn, args, keep, finish, op, name=None):
@@ -475,7 +518,8 @@ def barrier_async():
 
 def barrier():
     """A blocking barrier in one call into C (cfx_py_run)."""
-    _native.cfx_py_run(_native.CFX_PY_BARRIER, None, None, None, 0, 0.0, 0.0, fast_context(), None)
+    _native.cfx_py_run(_native.CFX_PY_BARRIER, None, None, None, 0, 0.0, 0.0, 0, fast_context(),
+                       None)
 
 
 def join_async():

@@ -46,23 +46,26 @@ PARAMS = {
     "splits": (None, "check_splits({0})"),
     "prescale_factor": (1.0, 'check_scale({0}, "{0}")'),
     "postscale_factor": (1.0, 'check_scale({0}, "{0}")'),
+    "compression": (_core.Compression.none, "check_compression({0})"),
 }
 _REDUCE = ("op", "name", "prescale_factor", "postscale_factor")
+# Only the lone allreduce has per-call options in the ABI (cfx_allreduce_async_opts).
+_ALLREDUCE = _REDUCE + ("compression",)
 _NAME = ("name",)
 _ROOT = ("root_rank", "name")
 _SPLITS = ("splits", "name")
 
 # Every op has a blocking and an async form (forms()).
 OPS = (
-    #  name                    ABI entry                          params   grouped inplace result
-    Op("allreduce",             "cfx_allreduce_async",             _REDUCE, False,  True,   LIKE),
-    Op("grouped_allreduce",     "cfx_grouped_allreduce_async",     _REDUCE, True,   True,   LIKE),
-    Op("allgather",             "cfx_allgather_async",             _NAME,   False,  False,  ROWS),
-    Op("grouped_allgather",     "cfx_grouped_allgather_async",     _NAME,   True,   False,  ROWS),
-    Op("broadcast",             "cfx_broadcast_async",             _ROOT,   False,  True,   COPY),
-    Op("alltoall",              "cfx_alltoall_async",              _SPLITS, False,  False,  SPLITS),
-    Op("reducescatter",         "cfx_reducescatter_async",         _REDUCE, False,  False,  ROWS),
-    Op("grouped_reducescatter", "cfx_grouped_reducescatter_async", _REDUCE, True,   False,  ROWS),
+    #  name                    ABI entry (cfx_py_*: the binding's)  params      grouped inplace result
+    Op("allreduce",             "cfx_py_allreduce_async",            _ALLREDUCE, False,  True,   LIKE),
+    Op("grouped_allreduce",     "cfx_grouped_allreduce_async",       _REDUCE,    True,   True,   LIKE),
+    Op("allgather",             "cfx_allgather_async",               _NAME,      False,  False,  ROWS),
+    Op("grouped_allgather",     "cfx_grouped_allgather_async",       _NAME,      True,   False,  ROWS),
+    Op("broadcast",             "cfx_broadcast_async",               _ROOT,      False,  True,   COPY),
+    Op("alltoall",              "cfx_alltoall_async",                _SPLITS,    False,  False,  SPLITS),
+    Op("reducescatter",         "cfx_reducescatter_async",           _REDUCE,    False,  False,  ROWS),
+    Op("grouped_reducescatter", "cfx_grouped_reducescatter_async",   _REDUCE,    True,   False,  ROWS),
 )
 
 
@@ -151,9 +154,10 @@ _ASYNC_INPLACE = {
 }
 # The fast path (conflux._capi_native.cfx_py_run / cfx_py_submit: one call into C, which submits
 # and, blocking, waits with the GIL released and releases the handle) for the lone allreduce and
-# broadcast started through _core.submit. {fast} is the request's three values after the output
-# address. The context comes last in the call, so bad arguments are reported before a missing
-# init(), as through submit.
+# broadcast started through _core.submit. {fast} is the request's four values after the output
+# address: three numbers, then the compression as the caller gave it (C converts it: a Python call
+# less on every allreduce). The context comes last in the call, so bad arguments are reported
+# before a missing init(), as through submit.
 _FAST_KIND = {"allreduce": _capi._capi_native.CFX_PY_ALLREDUCE,
               "broadcast": _capi._capi_native.CFX_PY_BROADCAST}
 _FAST = {
@@ -224,7 +228,8 @@ def _namespace(op, adapter, module, submit):
               start=_capi._capi_native.cfx_py_submit, context=_core.fast_context,
               Handle=_core.Handle,
               check_name=_core.check_name, check_op=_core.check_op, check_root=_core.check_root,
-              check_splits=_core.check_splits, check_scale=_core.check_scale)
+              check_splits=_core.check_splits, check_scale=_core.check_scale,
+              check_compression=_core.check_compression)
     ns.update(("DEFAULT_" + p, PARAMS[p][0]) for p in op.params)
     return ns
 
@@ -237,10 +242,13 @@ def install(module_globals, adapter, docs, submit=_core.submit):
     for op in OPS:
         x = adapter.nouns[op.grouped]
         abi = [", " + PARAMS[p][1].format(p) for p in op.params if PARAMS[p][1]]
+        numbers = [", " + PARAMS[p][1].format(p) for p in op.params
+                   if PARAMS[p][1] and p != "compression"]
         fields = dict(
             x=x, base=op.name, params=", ".join(op.params),
             none=", None" if op.result == LIKE else "", abi="".join(abi),
-            fast="".join(abi + [", 0.0"] * (3 - len(abi))))
+            fast="".join(numbers + [", 0.0"] * (3 - len(numbers)) +
+                         [", compression" if "compression" in op.params else ", 0"]))
         signature = ", ".join([x] + [p if PARAMS[p][0] is REQUIRED else "%s=DEFAULT_%s" % (p, p)
                                      for p in op.params])
         sources = {name: "def %s(%s):\n%s" % (name, signature, body.format(**fields))

@@ -56,11 +56,15 @@ class _View:
 
 class GradientSet:
     """A set of gradients reduced together every step (cfx_gradset). Options: op (Average, Sum,
-    Min, Max, Product), bucket_bytes (0: chosen by Conflux), accumulate_steps (local passes summed
-    by the caller before one reduction; ready() once per pass), prescale, postscale, owned."""
+    Min, Max, Product, Adasum), bucket_bytes (0: chosen by Conflux), accumulate_steps (local
+    passes summed by the caller before one reduction; ready() once per pass), prescale,
+    postscale, owned, compression (a conflux.Compression: the set then holds float32 and float64
+    gradients only) and error_feedback (with compression: each rank keeps what the rounding took
+    from the values it packed and adds it to the next step's)."""
 
     def __init__(self, name, op=_core.Average, bucket_bytes=0, accumulate_steps=1, prescale=1.0,
-                 postscale=1.0, owned=True):
+                 postscale=1.0, owned=True, compression=_core.Compression.none,
+                 error_feedback=False):
         name = _core.check_name(name)
         if name is None:
             raise TypeError("a gradient set needs a name (the same on every rank)")
@@ -72,6 +76,8 @@ class GradientSet:
         opts.prescale = _core.check_scale(prescale, "prescale")
         opts.postscale = _core.check_scale(postscale, "postscale")
         opts.owned = 1 if owned else 0
+        opts.compression = _core.check_compression(compression)
+        opts.error_feedback = _operator.index(error_feedback)  # the engine takes 0 and 1
         ctx = _core.current()
         self.name = name
         self.owned = bool(owned)

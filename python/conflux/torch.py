@@ -156,14 +156,16 @@ def synchronize(handle, timeout=None):
 # ---- the collectives (conflux._ops.OPS) ----
 class _AllreduceFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor, op, name, prescale_factor, postscale_factor):
-        ctx.args = (op, prescale_factor, postscale_factor)
-        return allreduce_async(tensor, op, name, prescale_factor, postscale_factor).wait()
+    def forward(ctx, tensor, op, name, prescale_factor, postscale_factor, compression):
+        ctx.args = (op, prescale_factor, postscale_factor, compression)
+        return allreduce_async(tensor, op, name, prescale_factor, postscale_factor,
+                               compression).wait()
 
     @staticmethod
     def backward(ctx, grad):
-        op, pre, post = ctx.args
-        return allreduce_async(grad, op, None, pre, post).wait(), None, None, None, None
+        op, pre, post, compression = ctx.args
+        return (allreduce_async(grad, op, None, pre, post, compression).wait(),
+                None, None, None, None, None)
 
 
 class _AllgatherFn(torch.autograd.Function):
@@ -211,7 +213,9 @@ def _copy(t, what):
 
 _DOCS = {
     "allreduce": "Returns a new tensor reduced over all ranks (differentiable: the gradient is "
-                 "allreduced\nwith the same op).",
+                 "allreduced\nwith the same op and compression). `compression`: a "
+                 "conflux.Compression, or Compression.none\nand Compression.fp16 of this module "
+                 "(conflux.Compression.none and .fp16).",
     "allreduce_": "In-place allreduce; returns `tensor`.",
     "allreduce_async": "Starts an allreduce into a new tensor; synchronize() returns it.",
     "allreduce_async_": "Starts an in-place allreduce; synchronize() returns `tensor`.",
@@ -281,8 +285,33 @@ class FP16Compressor(Compressor):
 
 
 class Compression:
+    """Horovod's compressors. Passed to this module's allreduce or DistributedOptimizer, they
+    name the engine's wire compression (none: conflux.Compression.none, fp16:
+    conflux.Compression.fp16): no cast in Python, the engine rounds where it sends 16-bit values
+    and combines in float32. compress()/decompress() are what Horovod's cast does."""
     none = NoneCompressor
     fp16 = FP16Compressor
+
+
+_core.COMPRESSION_ALIASES[NoneCompressor] = _core.Compression.none
+_core.COMPRESSION_ALIASES[FP16Compressor] = _core.Compression.fp16
+_WIRE_DTYPES = (torch.float32, torch.float64)
+
+
+def _compressible(tensor):
+    """Whether the engine compresses an allreduce of `tensor` (under an op other than Adasum):
+    dense float32/float64 CPU tensors."""
+    return tensor.dtype in _WIRE_DTYPES and tensor.is_cpu and tensor.layout == _strided
+
+
+def _wire_compression(compressor, tensor, op):
+    """What a Horovod compressor given for `tensor`'s allreduce with `op` becomes: the engine's
+    fp16 compression for Compression.fp16 (that class, not a subclass of one's own) where the
+    engine compresses, else 0: the compressor's compress()/decompress() apply (its cast for
+    float16, bfloat16 and CUDA tensors and under Adasum, nothing for integers)."""
+    if compressor is FP16Compressor and op != Adasum and _compressible(tensor):
+        return _core.Compression.fp16
+    return 0
 
 
 # ---- broadcast helpers ----

@@ -27,8 +27,8 @@ import torch
 from . import _capi
 from . import _core
 from .gradset import _Native, _View
-from .torch import (FP16Compressor, NoneCompressor, Average, Max, Min, Product, Sum,
-                    _check_dtype, allreduce_async_, size)
+from .torch import (FP16Compressor, NoneCompressor, Adasum, Average, Max, Min, Product, Sum,
+                    _check_dtype, _compressible, allreduce_async_, size)
 
 STORAGES = ("conflux", "framework")
 _set_names = itertools.count()  # every rank makes its optimizers' sets in the same order
@@ -66,19 +66,6 @@ def _view_hook(ptr, i, fired, p, view):
     return hook
 
 
-def _staged_hook(ptr, i, fired, p, stage):
-    """The hook of gradient i kept in a buffer of another dtype (fp16 compression): the
-    gradient is cast into it (every pass; the last pass holds the sum), then i is ready."""
-    def hook(*_):
-        fired[i] = True
-        stage.copy_(p.grad)
-        try:
-            _ready(ptr, i)
-        except _core.InvalidArgumentError as exc:
-            raise _too_many_passes(exc) from exc
-    return hook
-
-
 def _after_accumulation(p, hook, nodes):
     """Registers hook() to run each time backward has accumulated p's gradient into p.grad;
     returns the handle that removes it. torch >= 2.1: a post-accumulate-grad hook; before, a hook
@@ -109,44 +96,43 @@ def _owned_tensor(native, index, dtype, shape):
 
 
 class _GradSet:
-    """One committed gradient set of an optimizer. entries: (name, parameter, buffer dtype); a
-    buffer of the parameter's dtype becomes p.grad, another dtype is a cast copy (staged)."""
+    """One committed gradient set of an optimizer. entries: (name, parameter); each parameter's
+    buffer in the set's storage becomes its .grad."""
 
-    def __init__(self, name, entries, op, prescale, postscale, passes, handles, nodes):
+    def __init__(self, name, entries, op, prescale, postscale, passes, compression, error_feedback,
+                 handles, nodes):
         opts = _capi.cfx_gradset_options()
         _capi.cfx_gradset_options_init(opts, _capi.CFX_GRADSET_OPTIONS_VERSION)
         opts.op = op
         opts.prescale = prescale
         opts.postscale = postscale
         opts.accumulate_steps = passes
+        opts.compression = compression
+        opts.error_feedback = error_feedback
         ctx = _core.current()
         self.name = name
+        self.compression = compression
         self.native = native = _Native(_capi.cfx_gradset_create(ctx.ptr, name, opts), ctx)
-        for i, (gname, p, dtype) in enumerate(entries):
-            index = _capi.cfx_gradset_add(native.ptr, gname, (None, _check_dtype(dtype),
+        for i, (gname, p) in enumerate(entries):
+            index = _capi.cfx_gradset_add(native.ptr, gname, (None, _check_dtype(p.dtype),
                                                                tuple(p.shape)))
             assert index == i
         _capi.cfx_gradset_commit(native.ptr)  # MismatchError on every rank names the gradient
         self.fired = [False] * len(entries)
         self._clear = [False] * len(entries)
-        self.views = []   # (p, buffer) where the buffer is p.grad
-        self.staged = []  # (i, p, buffer) where the buffer is a cast copy of p.grad
+        self.views = []   # (p, buffer): the buffer is p.grad
         self.hooks = []   # per gradient, what backward calls once it accumulated it
         ptr = native.ptr
-        for i, (gname, p, dtype) in enumerate(entries):
-            buf = _owned_tensor(native, i, dtype, tuple(p.shape))
-            if dtype == p.dtype:
-                if p.grad is not None:
-                    buf.copy_(p.grad)
-                p.grad = buf
-                self.views.append((p, buf))
-                hook = _view_hook(ptr, i, self.fired, p, buf)
-            else:
-                self.staged.append((i, p, buf))
-                hook = _staged_hook(ptr, i, self.fired, p, buf)
+        for i, (gname, p) in enumerate(entries):
+            buf = _owned_tensor(native, i, p.dtype, tuple(p.shape))
+            if p.grad is not None:
+                buf.copy_(p.grad)
+            p.grad = buf
+            self.views.append((p, buf))
+            hook = _view_hook(ptr, i, self.fired, p, buf)
             self.hooks.append(hook)
             handles.append(_after_accumulation(p, hook, nodes))
-        self.params = [p for _, p, _ in entries]
+        self.params = [p for _, p in entries]
 
     def pending(self):
         return any(self.fired)
@@ -164,18 +150,48 @@ class _GradSet:
         fired = self.fired
         if not all(fired):
             self.readopt()
-            for i, p, stage in self.staged:
-                if not fired[i]:
-                    if p.grad is None:
-                        stage.zero_()
-                    else:
-                        stage.copy_(p.grad)
         fired[:] = self._clear
         _wait(self.native.ptr, -1.0)
-        for i, p, stage in self.staged:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            p.grad.copy_(stage)
+
+
+def _compression_plan(compression):
+    """(wire, compressor) for an optimizer's `compression`: `wire` is the cfx_compression it names
+    (Compression.none and Compression.fp16 of conflux.torch: none and fp16; a conflux.Compression
+    value or the engine's int: itself), None for a compressor of one's own; `compressor` is what
+    applies where the engine does not compress (Compression.fp16: Horovod's cast to float16; a
+    conflux.Compression value: nothing; one's own: itself, everywhere)."""
+    try:
+        wire = _core.check_compression(compression)
+    except TypeError:
+        if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
+            raise TypeError("compression must be a conflux.Compression, Compression.none, "
+                            "Compression.fp16 or a Compressor (compress() and decompress()), "
+                            "not %r" % (compression,)) from None
+        return None, compression
+    try:
+        wire = _core.Compression(wire)
+    except ValueError:
+        raise ValueError("compression %r is not a conflux.Compression (none, fp16, bf16, "
+                         "fp16_everywhere, bf16_everywhere)" % (compression,)) from None
+    return wire, (FP16Compressor if compression is FP16Compressor else NoneCompressor)
+
+
+def _checked_passes(passes):
+    """backward_passes_per_step as an int >= 1."""
+    passes = int(passes)
+    if passes < 1:
+        raise ValueError("backward_passes_per_step must be at least 1, not %d" % passes)
+    return passes
+
+
+def _idle_zero_grad(self, *args, **kwargs):
+    """zero_grad() of an optimizer whose started allreduces are self._handles: refused while
+    there are some, as Horovod does."""
+    if self._handles:
+        raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
+                             "optimizer.step() or optimizer.synchronize(). This is prohibited as "
+                             "it can cause a race condition.")
+    return super(self.__class__, self).zero_grad(*args, **kwargs)
 
 
 def _checked_names(optimizer, named_parameters):
@@ -204,10 +220,16 @@ def _checked_names(optimizer, named_parameters):
 
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, gradient_storage):
+                 gradient_predivide_factor, gradient_storage, error_feedback=False):
         super(self.__class__, self).__init__(params)
-        self._compression = compression
-        if op not in (Sum, Average, Min, Max, Product):
+        self._wire, self._compression = _compression_plan(compression)
+        self._error_feedback = 1 if error_feedback else 0
+        if error_feedback and not self._wire:
+            raise ValueError("error_feedback needs a compression that the engine applies "
+                             "(Compression.fp16 or a conflux.Compression other than none), "
+                             "not %r" % (compression,))
+        # Adasum only without ranks to combine (DistributedOptimizer takes _AdasumOptimizer else).
+        if op not in (Sum, Average, Min, Max, Product, Adasum):
             raise ValueError("unknown reduction op %r" % (op,))
         if gradient_predivide_factor != 1.0 and op != Average:
             raise ValueError("gradient_predivide_factor not supported with op != Average")
@@ -218,17 +240,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.gradient_predivide_factor = float(gradient_predivide_factor)
         self.gradient_storage = gradient_storage
 
-        named_parameters = _checked_names(self, named_parameters)
-        self._parameter_names = {v: k for k, v in named_parameters}
-        self.backward_passes_per_step = int(backward_passes_per_step)
-        if self.backward_passes_per_step < 1:
-            raise ValueError("backward_passes_per_step must be at least 1, not %d"
-                             % self.backward_passes_per_step)
+        self._parameter_names = {v: k for k, v in _checked_names(self, named_parameters)}
+        self.backward_passes_per_step = _checked_passes(backward_passes_per_step)
         self._sets = []            # committed gradient sets (_GradSet)
         self._set_params = set()   # the parameters they hold
         self._hook_handles = []    # every hook registered, to remove them with the optimizer
         self._grad_accs = []       # torch < 2.1: the AccumulateGrad nodes the hooks hang on
-        # The per-call path: p -> (handle, (compressed, ctx)) of this step, passes left per p.
+        # The per-call path: p -> (handle, (sent tensor, ctx, compressor)) of this step, passes
+        # left per p.
         self._handles = {}
         self._allreduce_delay = {}
         self._requires_update = set()
@@ -245,37 +264,38 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
         return 1.0, 1.0
 
-    def _set_dtype(self, p):
-        """The dtype of p's buffer in a gradient set, or None for the per-call path."""
-        if self.gradient_storage != "conflux" or p.device.type != "cpu" or \
-                p.layout != torch.strided:
+    def _set_compression(self, p):
+        """The compression of the gradient set that holds p's gradient, or None for the per-call
+        path. A set with compression holds float32 and float64 gradients only: the others go in
+        a set without (16-bit gradients travel as they are)."""
+        if self.gradient_storage != "conflux" or self._wire is None or p.device.type != "cpu" \
+                or p.layout != torch.strided:
             return None
-        if self._compression is NoneCompressor:
-            return p.dtype
-        if self._compression is FP16Compressor:
-            return torch.float16 if p.dtype.is_floating_point else p.dtype
-        return None
+        return self._wire if _compressible(p) else _core.Compression.none
 
     def _register(self, params):
-        """Registers `params` (those that need a gradient and are not registered yet): one new
-        gradient set, committed (collective), for those it can hold; hooks for the others."""
+        """Registers `params` (those that need a gradient and are not registered yet): a new
+        gradient set per compression, committed (collective), for those sets can hold; hooks for
+        the others."""
         todo = [p for p in params if p.requires_grad and p not in self._set_params
                 and p not in self._requires_update]
-        entries = []
+        entries = {}  # compression -> [(name, p)]
         for p in todo:
-            dtype = self._set_dtype(p)
-            if dtype is None:
+            compression = self._set_compression(p)
+            if compression is None:
                 self._requires_update.add(p)
                 self._allreduce_delay[p] = self.backward_passes_per_step
                 self._hook_handles.append(_after_accumulation(p, self._make_hook(p),
                                                               self._grad_accs))
             else:
-                entries.append((self._parameter_names[p], p, dtype))
-        if entries:
-            pre, post = self._scales()
+                entries.setdefault(compression, []).append((self._parameter_names[p], p))
+        pre, post = self._scales()
+        for compression in sorted(entries):  # the same sets in the same order on every rank
             name = "conflux.torch.DistributedOptimizer.%d" % next(_set_names)
-            s = _GradSet(name, entries, self.op, pre, post, self.backward_passes_per_step,
-                         self._hook_handles, self._grad_accs)
+            s = _GradSet(name, entries[compression], self.op, pre, post,
+                         self.backward_passes_per_step, compression,
+                         self._error_feedback if compression else 0, self._hook_handles,
+                         self._grad_accs)
             self._sets.append(s)
             self._set_params.update(s.params)
 
@@ -290,9 +310,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def set_backward_passes_per_step(self, passes):
         """Changes backward_passes_per_step. The gradient sets are committed anew (collective:
         every rank calls it), with the gradients they hold."""
-        passes = int(passes)
-        if passes < 1:
-            raise ValueError("backward_passes_per_step must be at least 1, not %d" % passes)
+        passes = _checked_passes(passes)
         self._check_idle("set_backward_passes_per_step()")
         self.backward_passes_per_step = passes
         for p in self._allreduce_delay:
@@ -319,12 +337,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             p.grad = torch.zeros_like(p)
         name = self._parameter_names.get(p)
         prescale, postscale = self._scales()
-        compressed, ctx = self._compression.compress(p.grad)
+        grad = p.grad
+        if self._wire and _compressible(grad) and grad.is_contiguous():
+            handle = allreduce_async_(grad, op=self.op, name=name, prescale_factor=prescale,
+                                      postscale_factor=postscale, compression=self._wire)
+            return handle, (grad, None, NoneCompressor)
+        compressed, ctx = self._compression.compress(grad)
         if not compressed.is_contiguous():
             compressed = compressed.contiguous()
         handle = allreduce_async_(compressed, op=self.op, name=name, prescale_factor=prescale,
                                   postscale_factor=postscale)
-        return handle, (compressed, ctx)
+        return handle, (compressed, ctx, self._compression)
 
     def _make_hook(self, p):
         def hook(*ignore):
@@ -353,14 +376,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._handles[p] = self._allreduce_grad_async(p)
 
     def _wait_per_call(self, errors):
-        for p, (handle, (compressed, cctx)) in self._handles.items():
+        for p, (handle, (compressed, cctx, compressor)) in self._handles.items():
             try:
                 output = handle.wait()
             except Exception as exc:  # wait for the rest before raising
                 errors.append(exc)
                 continue
             self._allreduce_delay[p] = self.backward_passes_per_step
-            result = self._compression.decompress(output, cctx)
+            result = compressor.decompress(output, cctx)
             if result.data_ptr() != p.grad.data_ptr():
                 p.grad.copy_(result)
         self._handles.clear()
@@ -419,9 +442,121 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return result
 
 
+class _AdasumOptimizer(torch.optim.Optimizer):
+    """DistributedOptimizer(op=Adasum), as Horovod's: Adasum combines what the optimizer would do
+    on each rank, not the gradients. Once backward produced p's gradient (after
+    backward_passes_per_step passes), the hook applies the wrapped optimizer's step to p alone,
+    turns p into that step's delta (new - start) and starts its Adasum allreduce in place; step()
+    waits and sets p to start + the combined delta. The engine's Adasum keeps each tensor's dot
+    products and norms apart, so every parameter is combined on its own as in Horovod. A
+    compressor's cast applies around the allreduce (the engine does not combine compressed values
+    under Adasum). `_wait_handle` waits for a handle (the Horovod layer's raises its errors)."""
+
+    _wait_handle = staticmethod(_core.Handle.wait)
+
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step):
+        super(self.__class__, self).__init__(params)
+        wire, compressor = _compression_plan(compression)
+        if wire and compressor is NoneCompressor:  # a conflux.Compression value
+            raise ValueError("op=Adasum does not combine compressed values: compression %r is "
+                             "not taken (Compression.fp16 of conflux.torch casts the deltas to "
+                             "float16 instead)" % (compression,))
+        self._compression = compressor
+        self._parameter_names = {v: k for k, v in _checked_names(self, named_parameters)}
+        self.backward_passes_per_step = _checked_passes(backward_passes_per_step)
+        self._allreduce_delay = {}
+        self._handles = {}         # p -> (handle, (sent tensor, ctx)) of this step
+        self._requires_update = set()
+        self._starts = {}          # p -> its value before this step's local update
+        self._hook_handles = []
+        self._grad_accs = []
+        weakref.finalize(self, _remove_hooks, self._hook_handles)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.requires_grad:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                    self._requires_update.add(p)
+                    self._allreduce_delay[p] = self.backward_passes_per_step
+                    self._starts[p] = torch.zeros_like(p, requires_grad=False)
+                    self._hook_handles.append(_after_accumulation(p, self._make_hook(p),
+                                                                  self._grad_accs))
+
+    def set_backward_passes_per_step(self, passes):
+        passes = _checked_passes(passes)
+        self.backward_passes_per_step = passes
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = passes
+
+    _make_hook = _DistributedOptimizer._make_hook  # the delays and handles work the same
+
+    def _allreduce_grad_async(self, p):
+        """The wrapped optimizer's step on p alone, p turned into its delta, and the delta's
+        Adasum allreduce started."""
+        start = self._starts[p]
+        start.copy_(p.data)
+        stashed = [group["params"] for group in self.param_groups]
+        for group in self.param_groups:
+            group["params"] = [p] if any(p is q for q in group["params"]) else []
+        try:
+            super(self.__class__, self).step()
+        finally:
+            for group, params in zip(self.param_groups, stashed):
+                group["params"] = params
+        p.data.sub_(start)
+        sent, ctx = self._compression.compress(p.data)
+        handle = allreduce_async_(sent, op=Adasum, name=self._parameter_names.get(p))
+        return handle, (sent, ctx)
+
+    def synchronize(self):
+        """Nothing to do before step(), as in Horovod: the deltas exist only once the local
+        updates ran, which the hooks and step() do."""
+
+    def skip_synchronize(self):
+        raise AssertionError("Skipping synchronization is not supported when using Adasum "
+                             "optimizer.")
+
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for p in sorted(self._requires_update - set(self._handles),
+                        key=lambda q: self._parameter_names.get(q, "")):
+            self._handles[p] = self._allreduce_grad_async(p)
+        for p, (handle, _) in list(self._handles.items()):
+            if handle is None:  # fewer passes than backward_passes_per_step: this step anyway
+                self._handles[p] = self._allreduce_grad_async(p)
+        errors = []
+        for p, (handle, (sent, ctx)) in self._handles.items():
+            try:
+                delta = self._compression.decompress(self._wait_handle(handle), ctx)
+            except Exception as exc:  # wait for the rest before raising
+                errors.append(exc)
+                delta = torch.zeros_like(p)
+            start = self._starts[p]
+            start.add_(delta)
+            p.data.copy_(start)
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        self._handles.clear()
+        if errors:
+            raise errors[0]
+        return loss
+
+    zero_grad = _idle_zero_grad
+
+
+def _adasum_optimizer(optimizer, named_parameters, compression, backward_passes_per_step,
+                     attributes=None):
+    """The Adasum form of DistributedOptimizer (_AdasumOptimizer) over `optimizer`; `attributes`
+    replace the class's (the Horovod layer's _wait_handle)."""
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_AdasumOptimizer.__dict__, **(attributes or {})))
+    wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step)
+    wrapped.defaults = optimizer.defaults
+    return wrapped
+
+
 def DistributedOptimizer(optimizer, named_parameters=None, compression=NoneCompressor,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                         gradient_storage="conflux", shared_gradients=None):
+                         gradient_storage="conflux", shared_gradients=None, error_feedback=False):
     """Wraps a torch optimizer: its gradients are reduced over the ranks (op, Average by
     default) as backward produces them, and step() waits for them before updating. Returns an
     instance of a subclass of the optimizer's class. Construction is collective: the parameters
@@ -432,15 +567,30 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=NoneCompr
     set's storage in shared tensor memory, kept across zero_grad() (set_to_none=True puts it back
     zeroed), so the reductions run in place without copies. "framework": the gradients stay in
     torch's own memory, each reduced by its own allreduce (as are CUDA parameters, and every
-    gradient under a compressor other than Compression.none or Compression.fp16).
+    gradient under a compressor of one's own).
+    compression: Compression.none, Compression.fp16 or a conflux.Compression value is the
+    engine's wire compression of the float32/float64 gradients (their gradient set's, or their
+    allreduces'); error_feedback=True (with one) keeps what the rounding took on each rank and
+    adds it to the next step's gradients. A Compressor of one's own casts around per-call
+    allreduces.
+    op=Adasum (more than one rank): Adasum combines each rank's optimizer update, not the
+    gradients, as in Horovod (the local step runs in the hooks, step() applies the combined
+    deltas; gradient_storage does not apply).
     shared_gradients is the older spelling (True: "conflux", False: "framework")."""
     if shared_gradients is not None:
         warnings.warn("DistributedOptimizer(shared_gradients=...) is now gradient_storage="
                       "'conflux' (the default) or 'framework'", DeprecationWarning)
         gradient_storage = "conflux" if shared_gradients else "framework"
+    if op == Adasum and size() > 1:
+        if gradient_predivide_factor != 1.0:
+            raise ValueError("gradient_predivide_factor not supported with op != Average")
+        if error_feedback:
+            raise ValueError("error_feedback needs compression, which op=Adasum does not take")
+        return _adasum_optimizer(optimizer, named_parameters, compression,
+                                backward_passes_per_step)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-                  gradient_predivide_factor, gradient_storage)
+                  gradient_predivide_factor, gradient_storage, error_feedback)
     wrapped.defaults = optimizer.defaults  # for add_param_group (the class's own are placeholders)
     return wrapped

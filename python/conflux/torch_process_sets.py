@@ -3,7 +3,7 @@ the functions conflux.horovod.torch runs on every process set (the global one to
 
 Besides allreduce, allgather and broadcast (differentiable in conflux.torch too), alltoall,
 reducescatter and the grouped ops are differentiable here, as in Horovod: the gradient of
-- allreduce is the allreduce of the gradient (same op and scale factors);
+- allreduce is the allreduce of the gradient (same op, scale factors and compression);
 - allgather is the average over the ranks of the gradient, this rank's rows of it;
 - broadcast is the average of the gradient on the root rank, zero elsewhere;
 - alltoall is the alltoall of the gradient back to where its rows came from;
@@ -58,14 +58,15 @@ def _autograd(ns):
 
     class Allreduce(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, tensor, op, name, pre, post):
-            ctx.args = (op, pre, post)
-            return ns.allreduce_async(tensor, op, name, pre, post).wait()
+        def forward(ctx, tensor, op, name, pre, post, compression):
+            ctx.args = (op, pre, post, compression)
+            return ns.allreduce_async(tensor, op, name, pre, post, compression).wait()
 
         @staticmethod
         def backward(ctx, grad):
-            op, pre, post = ctx.args
-            return ns.allreduce_async(grad, op, None, pre, post).wait(), None, None, None, None
+            op, pre, post, compression = ctx.args
+            return (ns.allreduce_async(grad, op, None, pre, post, compression).wait(),
+                    None, None, None, None, None)
 
     class GroupedAllreduce(torch.autograd.Function):
         @staticmethod

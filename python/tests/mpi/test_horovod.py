@@ -136,9 +136,6 @@ def test_unsupported_features_raise_not_implemented(rank, size):
         hvd.elastic.run(lambda state: None)
     with pytest.raises(NotImplementedError, match="elastic"):
         hvd.elastic.TorchState()
-    with pytest.raises(NotImplementedError, match="Adasum"):  # allreduce has it: test_adasum.py
-        hvd.DistributedOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1),
-                                 op=hvd.Adasum)
     with pytest.raises(ValueError, match="supersedes"):
         hvd.allreduce(torch.ones(2), average=True, op=hvd.Sum)
 

@@ -62,12 +62,13 @@ def test_the_comparison_sees_a_changed_docstring_and_signature(expected):
     got = describe(conflux.allreduce)
     assert got == expected["conflux"]["allreduce"]
 
-    def allreduce(array, op=conflux.Sum, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    def allreduce(array, op=conflux.Sum, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                  compression=conflux.Compression.none):
         pass
 
     allreduce.__doc__ = conflux.allreduce.__doc__
     assert describe(allreduce) != got  # other default
-    allreduce.__defaults__ = (conflux.Average, None, 1.0, 1.0)
+    allreduce.__defaults__ = (conflux.Average, None, 1.0, 1.0, conflux.Compression.none)
     assert describe(allreduce) == got
     allreduce.__doc__ += " "
     assert describe(allreduce) != got

@@ -14,6 +14,7 @@ import torch
 
 from conflux import _core
 from conflux import _ops
+from conflux.torch import _wire_compression
 from conflux.torch_process_sets import differentiable_collectives
 
 from ..common import process_sets as _ps
@@ -316,10 +317,21 @@ def _prelude(op):
     return lines
 
 
+def _params(op):
+    """op's parameters after the input that Horovod's functions have: all but conflux's
+    `compression` (Horovod's blocking reductions take a compressor class instead)."""
+    return tuple(p for p in op.params if p != "compression")
+
+
 def _blocking_body(op, x):
-    """The body of op's blocking out-of-place form, after the prelude: a reduction compresses
-    its input(s) and decompresses the result; failures are Horovod's."""
+    """The body of op's blocking out-of-place form, after the prelude: an allreduce whose
+    compressor maps to the engine's wire compression (_wire_compression) passes it on; otherwise
+    a reduction compresses its input(s) and decompresses the result; failures are Horovod's."""
     lines, arg, result = [], x, "out"
+    params = _params(op)
+    if "compression" in op.params:
+        lines += ["wire = _wire_compression(compression, %s, op)" % x, "if wire:",
+                  "    return _horovod_errors(ops.%s, %s, wire)" % (op.name, ", ".join((x,) + params))]
     if "op" in op.params and op.grouped:
         lines.append("pairs = [compression.compress(t) for t in %s]" % x)
         arg = "[t for t, _ in pairs]"
@@ -327,7 +339,7 @@ def _blocking_body(op, x):
     elif "op" in op.params:
         lines.append("compressed, ctx = compression.compress(%s)" % x)
         arg, result = "compressed", "compression.decompress(out, ctx)"
-    lines.append("out = _horovod_errors(ops.%s, %s)" % (op.name, ", ".join((arg,) + op.params)))
+    lines.append("out = _horovod_errors(ops.%s, %s)" % (op.name, ", ".join((arg,) + params)))
     if op.result == _ops.SPLITS:
         result = "out[0] if splits is None else (out[0], out[1])"
     lines.append("return " + result)
@@ -338,7 +350,7 @@ def _horovod_sources(op):
     """{name: source of its def} of op's Horovod functions."""
     params = _HOROVOD[op.name][0]
     x = "tensors" if op.grouped else "tensor"
-    cfx_args = ", ".join((x,) + op.params)
+    cfx_args = ", ".join((x,) + _params(op))
     sources = {}
     for name in _ops.forms(op):
         signature, lines = params, _prelude(op)

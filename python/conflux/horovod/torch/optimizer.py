@@ -9,7 +9,9 @@ import warnings
 
 import torch
 
-from conflux.torch_optimizer import _DistributedOptimizer as _PerCall, _after_accumulation, _checked_names
+from conflux.torch import _wire_compression
+from conflux.torch_optimizer import (_DistributedOptimizer as _PerCall, _adasum_optimizer,
+                                     _after_accumulation, _checked_names, _idle_zero_grad)
 
 from . import mpi_ops as _mpi
 from .compression import Compression
@@ -92,13 +94,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if not self.sparse_as_dense:
                 return _mpi._sparse_allreduce(self._ops, tensor, name, self.op, 1.0, 1.0), None
             tensor = tensor.to_dense()
-        compressed, ctx = self._compression.compress(tensor)
         if self.op == Average:
             # The engine divides by the set's size on top of the postscale.
             prescale = 1.0 / self.gradient_predivide_factor
             postscale = self.gradient_predivide_factor
         else:
             prescale = postscale = 1.0
+        wire = _wire_compression(self._compression, tensor, self.op)
+        if wire and tensor.is_contiguous():  # Compression.fp16: the engine's, in place
+            return self._ops.allreduce_async_(tensor, self.op, name, prescale, postscale,
+                                              wire), None
+        compressed, ctx = self._compression.compress(tensor)
         handle = self._ops.allreduce_async_(compressed, self.op, name, prescale, postscale)
         return handle, ctx
 
@@ -162,12 +168,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         return super(self.__class__, self).step(closure)
 
-    def zero_grad(self, *args, **kwargs):
-        if self._handles:
-            raise AssertionError("optimizer.zero_grad() was called after loss.backward() "
-                                 "but before optimizer.step() or optimizer.synchronize(). "
-                                 "This is prohibited as it can cause a race condition.")
-        return super(self.__class__, self).zero_grad(*args, **kwargs)
+    zero_grad = _idle_zero_grad
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
@@ -178,7 +179,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     hooks as they become ready and step() waits for them (a rank outside the set reduces nothing).
     Sparse gradients go as allgathers of indices and values, or as dense tensors with
     sparse_as_dense=True. `num_groups`/`groups` (grouping hints) are checked and otherwise
-    ignored: Conflux fuses ready tensors by itself."""
+    ignored: Conflux fuses ready tensors by itself. compression=Compression.fp16 is the engine's
+    wire compression for float32/float64 CPU gradients (rounded once where they are packed,
+    combined in float32; Horovod's cast elsewhere). op=Adasum (more than one rank, the global
+    set): Adasum combines each rank's optimizer update, as Horovod's Adasum optimizer does."""
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if num_groups != 0:
@@ -189,10 +193,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     _check_groups(groups)
     if backward_passes_per_step <= 0:
         raise ValueError("backward_passes_per_step must be > 0")
-    if op == Adasum:
-        raise NotImplementedError("DistributedOptimizer(op=hvd.Adasum) is not supported by "
-                                  "Conflux yet")
-    if op not in (Sum, Average, Min, Max, Product):
+    if op == Adasum and size() > 1:
+        if process_set is not global_process_set:
+            raise NotImplementedError("Adasum does not support non-global process sets yet.")
+        return _adasum_optimizer(optimizer, named_parameters, compression,
+                                 backward_passes_per_step,
+                                 {"_wait_handle": staticmethod(_mpi.synchronize)})
+    if op not in (Sum, Average, Min, Max, Product, Adasum):
         raise ValueError("unknown reduction op %r" % (op,))
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
