@@ -163,11 +163,15 @@ static void mark_ready(cfx_gradset *set, cx_bucket *b)
 {
     int idle = CX_BUCKET_IDLE;
     if (atomic_compare_exchange_strong(&b->state, &idle, CX_BUCKET_READY))
-        cx_queue_wake(set->registry->queue);
+        cx_queue_wake_lazy(set->registry->queue);
 }
 
 cfx_status cx_gradset_ready(cfx_gradset *set, int32_t index)
 {
+    /* A bucket marked ready while the background thread slept owes it a wake-up (queue.h): paid
+     * here by the next ready call, so a bucket starts by the next gradient of backward at the
+     * latest, while the last one runs on the thread in cfx_gradset_wait with no hand-off. */
+    cx_queue_pay_wake(set->registry->queue);
     cx_grad *g = &set->grads[index];
     int passes = atomic_fetch_add_explicit(&g->passes, 1, memory_order_relaxed) + 1;
     if (passes > set->accumulate_steps) {

@@ -45,6 +45,7 @@ struct cx_loop {
     bool stopped;
     atomic_int drivers;
     atomic_bool gradsets_busy; /* cx_gradsets_busy after the last cycle */
+    atomic_int driven;         /* set by every driven cycle: the context is not idle */
     cx_timeline *timeline; /* from env.take_timeline; NULL: off */
     cx_cache cache;
     bool is_coordinator;
@@ -92,6 +93,7 @@ cfx_status cx_loop_create(const cx_loop_env *given, cx_loop **out)
     pthread_mutex_init(&L->run_mu, NULL);
     atomic_init(&L->drivers, 0);
     atomic_init(&L->gradsets_busy, false);
+    atomic_init(&L->driven, 0);
     const cx_loop_env *env = &L->env;
     size_t cap = (size_t)env->cfg->cache_capacity;
     size_t words = words_for(cap) ? words_for(cap) : 1;
@@ -570,6 +572,10 @@ static cfx_status cycle(cx_loop *L, bool *progress, bool *stop)
 #define SPIN_MIN_S 2e-6
 #define SPIN_MAX_S 100e-6
 #define SPIN_WINDOW_S 2e-3
+/* A context idle for DEEP_IDLE_CYCLES heartbeat cycles in a row (nothing in flight, no waiter)
+ * wakes only every DEEP_IDLE_STRETCH cycle times to take part in other ranks' cycles. */
+#define DEEP_IDLE_CYCLES 200
+#define DEEP_IDLE_STRETCH 8
 /* How long a driving thread yields to a background thread in its cycle before it waits as usual. */
 #define DRIVE_YIELD_S 50e-6
 
@@ -659,6 +665,7 @@ cx_drive_result cx_loop_drive(cx_loop *L, bool (*done)(void *), void *arg, doubl
             break;
         }
         cx_queue_forgive_wake(env->queue);
+        atomic_store(&L->driven, 1);
         bool progress = false;
         bool stop = run_cycle(L, &progress);
         double cycle_s = env->cfg->cycle_time_ms * 1e-3;
@@ -687,7 +694,7 @@ void *cx_loop_main(void *arg)
 {
     cx_loop *L = arg;
     const cx_loop_env *env = &L->env;
-    int idle_streak = 0;
+    int idle_streak = 0, quiet_cycles = 0;
     double spin_s = SPIN_MAX_S / 4, last_progress = -INFINITY;
     pthread_mutex_lock(&L->run_mu); /* the cycle time is read under run_mu: autotune changes it */
     double cycle_s = env->cfg->cycle_time_ms * 1e-3;
@@ -710,8 +717,14 @@ void *cx_loop_main(void *arg)
             }
             if (caught)
                 ;
-            else if (!engine_busy(L))
-                cx_queue_wait(env->queue, cycle_s);
+            else if (!engine_busy(L)) {
+                /* Long idle (every rank counts the same cycles, so the ranks stretch together):
+                 * fewer heartbeat cycles, and a push wakes the thread at once meanwhile. */
+                bool deep = quiet_cycles >= DEEP_IDLE_CYCLES;
+                atomic_store(&env->queue->deep_idle, deep);
+                cx_queue_wait(env->queue, deep ? DEEP_IDLE_STRETCH * cycle_s : cycle_s);
+                atomic_store(&env->queue->deep_idle, 0);
+            }
             else if (idle_streak > 0) /* our tensors wait for other ranks: back off */
                 cx_queue_wait(env->queue, backoff_s(cycle_s, idle_streak));
         }
@@ -733,6 +746,8 @@ void *cx_loop_main(void *arg)
         if (progress)
             last_progress = now_s();
         idle_streak = progress ? 0 : idle_streak + 1;
+        bool driven = atomic_exchange(&L->driven, 0); /* a waiter ran cycles since the last one */
+        quiet_cycles = progress || driven || engine_busy(L) ? 0 : quiet_cycles + 1;
     }
     /* CUDA and NCCL state is made and ended by this thread alone (device_exec.h). */
     cx_device_destroy(L->exec.device);

@@ -49,6 +49,16 @@ void cx_queue_destroy(cx_queue *q)
     pthread_cond_destroy(&q->work_cv);
 }
 
+/* After has_work was set: whether the sleeping thread must be woken now, or owes it (lazy). */
+static bool must_wake(cx_queue *q)
+{
+    bool wake = atomic_load(&q->sleeping) &&
+                (!q->lazy_wake || atomic_load(&q->deep_idle) || atomic_exchange(&q->wake_owed, 1));
+    if (wake)
+        atomic_store(&q->wake_owed, 0);
+    return wake;
+}
+
 cfx_status cx_queue_push(cx_queue *q, cx_entry **entries, size_t n)
 {
     pthread_mutex_lock(&q->mu);
@@ -87,9 +97,7 @@ cfx_status cx_queue_push(cx_queue *q, cx_entry **entries, size_t n)
         q->tail = entries[i];
     }
     atomic_store(&q->has_work, 1);
-    bool wake = atomic_load(&q->sleeping) && (!q->lazy_wake || atomic_exchange(&q->wake_owed, 1));
-    if (wake)
-        atomic_store(&q->wake_owed, 0);
+    bool wake = must_wake(q);
     pthread_mutex_unlock(&q->mu);
     if (wake) /* after the unlock: the woken thread takes the lock at once */
         pthread_cond_signal(&q->work_cv);
@@ -150,6 +158,18 @@ void cx_queue_wake(cx_queue *q)
     pthread_mutex_lock(&q->mu);
     pthread_cond_signal(&q->work_cv);
     pthread_mutex_unlock(&q->mu);
+}
+
+void cx_queue_wake_lazy(cx_queue *q)
+{
+    atomic_store(&q->has_work, 1);
+    if (!atomic_load(&q->sleeping))
+        return;
+    pthread_mutex_lock(&q->mu);
+    bool wake = must_wake(q);
+    pthread_mutex_unlock(&q->mu);
+    if (wake)
+        pthread_cond_signal(&q->work_cv);
 }
 
 void cx_queue_pay_wake(cx_queue *q)

@@ -51,6 +51,9 @@ typedef struct cx_queue {
      * thread's cycle-time timeout pays it. */
     bool lazy_wake;
     atomic_int wake_owed;
+    /* Set while the thread sleeps longer than the cycle time (a long-idle context): then a push
+     * wakes it at once, lazy or not, so no work waits for the long sleep. */
+    atomic_int deep_idle;
     bool closed;           /* shut down: pushes are refused */
     char close_reason[512];
 } cx_queue;
@@ -75,6 +78,9 @@ cx_entry *cx_queue_take(cx_queue *q, const char *name);
 
 /* Sleeps until an entry is pushed, cx_queue_wake is called, or timeout_s passes. */
 void cx_queue_wait(cx_queue *q, double timeout_s);
+/* cx_queue_wake as a push wakes: lazily (the first wake-up while the thread sleeps is owed). */
+void cx_queue_wake_lazy(cx_queue *q);
+
 /* Wakes the background thread if a push owes it a wake-up (lazy_wake): a thread that will not run
  * the cycles itself after all, or that polls. */
 void cx_queue_pay_wake(cx_queue *q);
