@@ -88,9 +88,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--iterations", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--out", default=tempfile.mkdtemp(prefix="cfx-timeline-fuzz-"))
+    ap.add_argument("--out", help="where findings go (default: a new temporary folder, removed "
+                    "when there are none)")
     ap.add_argument("--limit", type=float, default=10.0, help="seconds one input may take")
     a = ap.parse_args()
+    made_out = a.out is None
+    if made_out:
+        a.out = tempfile.mkdtemp(prefix="cfx-timeline-fuzz-")
     signal.signal(signal.SIGALRM, too_slow)
     rng = random.Random(a.seed)
     pool = seeds()
@@ -119,6 +123,8 @@ def main():
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
     os.remove(path)
+    if made_out and not found:
+        os.rmdir(a.out)
     print("timeline_loop: %d inputs, %d findings in %d places" % (a.iterations, sum(found.values()),
                                                                  len(found)))
     for i, (key, n) in enumerate(found.most_common()):

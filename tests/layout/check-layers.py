@@ -10,6 +10,7 @@ other, directly or through others. Every quoted include names a path from capi/s
     check-layers.py --self-test    proves the check fails on an upward include and on a cycle
 """
 import os
+import shutil
 import re
 import sys
 import tempfile
@@ -117,6 +118,7 @@ def self_test():
     ok = True
     for src, expect in cases:
         got = check(src)
+        shutil.rmtree(src)
         passed = (not got) if expect is None else any(expect in p for p in got)
         print(f"{'ok  ' if passed else 'FAIL'} {expect or 'clean tree'}: {got}")
         ok &= passed
