@@ -372,8 +372,12 @@ static void emit(const workload *w, const char *name, result r, const char *chec
     fprintf(g_raw, "%s,%s,%zu,%zu,%s,%d,%.9g,%.9g,%.9g,%s\n", w->group, w->name, w->n, w->total * sizeof(float),
             name, r.reps, r.median, r.min, r.max, check);
     fflush(g_raw);
-    printf("  %-9s %-16s %-16s median %12.3f us  (min %.3f, max %.3f)  %s\n", w->group, w->name, name,
-           r.median * 1e6, r.min * 1e6, r.max * 1e6, check);
+    if (strstr(name, ".wire_bytes")) /* a count of bytes, not a time */
+        printf("  %-9s %-16s %-24s median %12.3f MB  (min %.3f, max %.3f)  %s\n", w->group, w->name, name,
+               r.median * 1e-6, r.min * 1e-6, r.max * 1e-6, check);
+    else
+        printf("  %-9s %-16s %-24s median %12.3f us  (min %.3f, max %.3f)  %s\n", w->group, w->name, name,
+               r.median * 1e6, r.min * 1e6, r.max * 1e6, check);
     fflush(stdout);
 }
 
