@@ -12,8 +12,11 @@ synchronize() wait for the set. The views stay across zero_grad(), also with set
 What a gradient set cannot carry goes through the per-call path (an allreduce_async_ per
 gradient from the same hooks, as before gradient sets): every parameter with
 gradient_storage="framework", CUDA parameters (owned storage is host memory), and compressors
-other than Compression.none and Compression.fp16. Compression.fp16 stays on the set: float16
-buffers in the owned storage, the hook casts the gradient into its buffer, step() casts back.
+of one's own. Compression.fp16 (or a conflux.Compression) is the sets' wire compression: the
+float32/float64 gradients in a set with it, the others in a set without.
+
+op=Adasum with more than one rank is _AdasumOptimizer instead, Horovod's Adasum optimizer: the
+local update's delta of each parameter is what Adasum combines.
 """
 import contextlib
 import itertools
