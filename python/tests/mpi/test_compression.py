@@ -224,28 +224,34 @@ def test_gradient_set(compressing, rank, size):
 
 
 def test_torch_optimizers_compress(compressing, rank, size):
-    """conflux.torch.DistributedOptimizer (its gradient set) and hvd.DistributedOptimizer (per
-    call) with Compression.fp16: the float32 gradients are the compressed averages."""
+    """conflux.torch.DistributedOptimizer (its gradient set, with and without error feedback, and
+    per call) and hvd.DistributedOptimizer (per call) with Compression.fp16 or a
+    conflux.Compression: the float32 gradients are the compressed averages."""
     torch = pytest.importorskip("torch", reason="python3-torch is not installed")
     import conflux.torch as cfx
     import conflux.horovod.torch as hvd
     shapes = [(6, 5), (9,)]
-    makers = {"cfx": lambda opt, named: cfx.DistributedOptimizer(
-                  opt, named_parameters=named, compression=cfx.Compression.fp16),
-              "hvd": lambda opt, named: hvd.DistributedOptimizer(
-                  opt, named_parameters=named, compression=hvd.Compression.fp16)}
-    for which, make in makers.items():
+    makers = {  # name: (compression the results show, keywords, DistributedOptimizer)
+        "cfx": (C.fp16, {"compression": cfx.Compression.fp16}, cfx.DistributedOptimizer),
+        "cfx.ef": (C.bf16, {"compression": C.bf16, "error_feedback": True},
+                   cfx.DistributedOptimizer),
+        "cfx.framework": (C.fp16, {"compression": C.fp16, "gradient_storage": "framework"},
+                          cfx.DistributedOptimizer),
+        "hvd": (C.fp16, {"compression": hvd.Compression.fp16}, hvd.DistributedOptimizer),
+    }
+    for which, (c, kw, make) in makers.items():
         params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
         named = [("%s.p%d" % (which, k), p) for k, p in enumerate(params)]
-        opt = make(torch.optim.SGD(params, lr=0.0), named)
-        if which == "cfx":
-            assert [s.compression for s in opt._sets] == [C.fp16]
+        opt = make(torch.optim.SGD(params, lr=0.0), named_parameters=named, **kw)
+        if which.startswith("cfx"):
+            want_sets = [] if which == "cfx.framework" else [c]
+            assert [s.compression for s in opt._sets] == want_sets
         mine = grads_of(rank, 7, shapes)
         sum((p * torch.from_numpy(g)).sum() for p, g in zip(params, mine)).backward()
         opt.synchronize()
         for k, p in enumerate(params):
             xs = [grads_of(r, 7, shapes)[k].ravel() for r in range(size)]
-            check_compressed(p.grad.numpy().ravel(), xs, C.fp16, op=conflux.Average,
+            check_compressed(p.grad.numpy().ravel(), xs, c, op=conflux.Average,
                              name="%s.p%d" % (which, k))
 
 
@@ -310,7 +316,8 @@ def test_refusals_name_what_is_wrong(rank, size):
                              "float64 tensors, not int32"):
         conflux.allreduce(np.arange(4, dtype=np.int32), name="compression.ints",
                           compression=C.fp16)
-    with pytest.raises(conflux.InvalidArgumentError, match="compression.adasum.: op adasum does not combine compressed values"):
+    with pytest.raises(conflux.InvalidArgumentError,
+                       match="compression.adasum.: op adasum does not combine compressed values"):
         conflux.allreduce(np.ones(4), op=conflux.Adasum, name="compression.adasum",
                           compression=C.bf16)
     with pytest.raises(conflux.InvalidArgumentError, match="compression 9 is not a "
