@@ -152,7 +152,7 @@ def check_scale(factor, what):
 class _Context:
     """One cfx_context. `ptr` is None once freed; handles check `alive` before touching it."""
 
-    __slots__ = ("ptr",)
+    __slots__ = ("ptr", "__weakref__")
 
     def __init__(self, ptr):
         self.ptr = ptr

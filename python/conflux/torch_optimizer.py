@@ -15,6 +15,11 @@ gradient_storage="framework", CUDA parameters (owned storage is host memory), an
 of one's own. Compression.fp16 (or a conflux.Compression) is the sets' wire compression: the
 float32/float64 gradients in a set with it, the others in a set without.
 
+process_set= reduces over a process set's ranks: the sets live on its subset context and the
+per-call allreduces are its collectives; a rank outside the set reduces nothing (the optimizer
+is the one it wraps). conflux.horovod.torch's DistributedOptimizer is this class with Horovod's
+differences (sparse gradients, Horovod's process sets, errors and warning texts).
+
 op=Adasum with more than one rank is _AdasumOptimizer instead, Horovod's Adasum optimizer: the
 local update's delta of each parameter is what Adasum combines.
 """
@@ -29,12 +34,13 @@ import torch
 
 from . import _capi
 from . import _core
+from . import torch as _cfx
 from .gradset import _Native, _View
 from .torch import (FP16Compressor, NoneCompressor, Adasum, Average, Max, Min, Product, Sum,
                     _check_dtype, _compressible, allreduce_async_, size)
 
 STORAGES = ("conflux", "framework")
-_set_names = itertools.count()  # every rank makes its optimizers' sets in the same order
+_set_serials = weakref.WeakKeyDictionary()  # context -> the numbers of its optimizers' sets
 _ready = _capi._capi_native.cfx_gradset_ready  # the C wrapper itself: the hooks' only call
 _wait = _capi.cfx_py_gradset_wait
 
@@ -45,11 +51,23 @@ def _too_many_passes(exc):
                           "gradients locally. (%s)" % exc)
 
 
+def _set_name(prefix, ctx):
+    """The next gradient-set name on `ctx`. Every rank of a context makes its optimizers' sets in
+    the same order, so the names agree; a process set's ranks count their own."""
+    serial = _set_serials.get(ctx)
+    if serial is None:
+        serial = _set_serials[ctx] = itertools.count()
+    return "%s.%d" % (prefix, next(serial))
+
+
 def _adopt(p, view):
-    """Makes `view` p's gradient again, holding what p.grad held (zeros for None)."""
+    """Makes `view` p's gradient again, holding what p.grad held (zeros for None; a sparse
+    gradient, backward's own when p.grad was None, is added to zeros)."""
     g = p.grad
     if g is None:
         view.zero_()
+    elif g.is_sparse:
+        view.zero_().add_(g)
     else:
         view.copy_(g)
     p.grad = view
@@ -102,8 +120,8 @@ class _GradSet:
     """One committed gradient set of an optimizer. entries: (name, parameter); each parameter's
     buffer in the set's storage becomes its .grad."""
 
-    def __init__(self, name, entries, op, prescale, postscale, passes, compression, error_feedback,
-                 handles, nodes):
+    def __init__(self, ctx, name, entries, op, prescale, postscale, passes, compression,
+                 error_feedback, handles, nodes):
         opts = _capi.cfx_gradset_options()
         _capi.cfx_gradset_options_init(opts, _capi.CFX_GRADSET_OPTIONS_VERSION)
         opts.op = op
@@ -112,7 +130,6 @@ class _GradSet:
         opts.accumulate_steps = passes
         opts.compression = compression
         opts.error_feedback = error_feedback
-        ctx = _core.current()
         self.name = name
         self.compression = compression
         self.native = native = _Native(_capi.cfx_gradset_create(ctx.ptr, name, opts), ctx)
@@ -221,9 +238,38 @@ def _checked_names(optimizer, named_parameters):
     return named_parameters
 
 
+def _place(process_set):
+    """(context, torch collectives, included, number of ranks) of the ranks an optimizer reduces
+    over: the job's (process_set None), or a conflux.ProcessSet's (conflux.torch.ProcessSet or
+    the NumPy one; outside it: (None, None, False, its size))."""
+    if process_set is None:
+        return _core.current(), _cfx, True, size()
+    subset = getattr(process_set, "_subset", None)
+    if subset is None:
+        raise TypeError("process_set must be a conflux.torch.ProcessSet or a conflux.ProcessSet, "
+                        "not %s" % type(process_set).__name__)
+    if not subset.included():
+        return None, None, False, subset.size()
+    from .torch_process_sets import ProcessSet, differentiable_collectives
+    ops = process_set if isinstance(process_set, ProcessSet) else \
+        differentiable_collectives(subset.submit, subset.rank, subset.size, "conflux.torch")
+    return subset.context(), ops, True, subset.size()
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
+    # What conflux.horovod.torch's optimizer replaces: its sets' names, how it finds its ranks,
+    # waits (its errors), takes a per-call result, and the warning of step() after synchronize().
+    _SET_PREFIX = "conflux.torch.DistributedOptimizer"
+    _place = staticmethod(_place)
+    _wait_handle = staticmethod(_core.Handle.wait)
+    _wait_set = staticmethod(_GradSet.wait)
+    _AFTER_SYNC = ("optimizer.step() called after optimizer.synchronize() without a new backward "
+                   "pass: the gradients are allreduced again. Use `with "
+                   "optimizer.skip_synchronize(): optimizer.step()` after synchronize().")
+
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, gradient_storage, error_feedback=False):
+                 gradient_predivide_factor, gradient_storage, error_feedback=False,
+                 process_set=None):
         super(self.__class__, self).__init__(params)
         self._wire, self._compression = _compression_plan(compression)
         self._error_feedback = 1 if error_feedback else 0
@@ -242,6 +288,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.op = op
         self.gradient_predivide_factor = float(gradient_predivide_factor)
         self.gradient_storage = gradient_storage
+        self.process_set = process_set
 
         self._parameter_names = {v: k for k, v in _checked_names(self, named_parameters)}
         self.backward_passes_per_step = _checked_passes(backward_passes_per_step)
@@ -257,13 +304,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         weakref.finalize(self, _remove_hooks, self._hook_handles)
-        self._distributed = size() > 1
+        # A rank outside the process set reduces nothing: its optimizer is the one it wraps.
+        self._ctx, self._ops, self._included, nranks = self._place(process_set)
+        self._distributed = self._included and nranks > 1
         if self._distributed:
             self._register([p for group in self.param_groups for p in group["params"]])
 
     # ---- registration ----
     def _scales(self):
-        if self.op == Average:  # the engine divides by size() on top of the postscale
+        if self.op == Average:  # the engine divides by the number of ranks on top of the postscale
             return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
         return 1.0, 1.0
 
@@ -276,6 +325,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return None
         return self._wire if _compressible(p) else _core.Compression.none
 
+    def _add_per_call(self, p):
+        """p's gradient goes through the per-call path: an allreduce from its hook."""
+        self._requires_update.add(p)
+        self._allreduce_delay[p] = self.backward_passes_per_step
+        self._hook_handles.append(_after_accumulation(p, self._make_hook(p), self._grad_accs))
+
     def _register(self, params):
         """Registers `params` (those that need a gradient and are not registered yet): a new
         gradient set per compression, committed (collective), for those sets can hold; hooks for
@@ -286,21 +341,38 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p in todo:
             compression = self._set_compression(p)
             if compression is None:
-                self._requires_update.add(p)
-                self._allreduce_delay[p] = self.backward_passes_per_step
-                self._hook_handles.append(_after_accumulation(p, self._make_hook(p),
-                                                              self._grad_accs))
+                self._add_per_call(p)
             else:
                 entries.setdefault(compression, []).append((self._parameter_names[p], p))
         pre, post = self._scales()
         for compression in sorted(entries):  # the same sets in the same order on every rank
-            name = "conflux.torch.DistributedOptimizer.%d" % next(_set_names)
-            s = _GradSet(name, entries[compression], self.op, pre, post,
-                         self.backward_passes_per_step, compression,
+            s = _GradSet(self._ctx, _set_name(self._SET_PREFIX, self._ctx), entries[compression],
+                         self.op, pre, post, self.backward_passes_per_step, compression,
                          self._error_feedback if compression else 0, self._hook_handles,
                          self._grad_accs)
             self._sets.append(s)
             self._set_params.update(s.params)
+
+    def _rebuild(self, leave=()):
+        """Commits the gradient sets anew (collective: every rank calls it alike) with the
+        gradients they hold but those in `leave`, which go through the per-call path from now on
+        (their .grad becomes a copy of what their buffer holds)."""
+        leave = set(leave)
+        params = [p for s in self._sets for p in s.params if p not in leave]
+        for s in self._sets:
+            s.readopt()
+        for s in self._sets:
+            for p in s.params:
+                if p in leave:
+                    p.grad = p.grad.clone()
+        _remove_hooks(self._hook_handles)
+        del self._grad_accs[:]
+        self._sets, self._set_params = [], set()
+        per_call = [p for p in self._parameter_names if p in self._requires_update or p in leave]
+        self._requires_update = set()
+        self._register(params)
+        for p in per_call:  # their hooks went with the others'
+            self._add_per_call(p)
 
     def add_param_group(self, param_group):
         super(self.__class__, self).add_param_group(param_group)
@@ -311,46 +383,45 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._register(self.param_groups[g]["params"])
 
     def set_backward_passes_per_step(self, passes):
-        """Changes backward_passes_per_step. The gradient sets are committed anew (collective:
-        every rank calls it), with the gradients they hold."""
+        """Changes backward_passes_per_step. A new value commits the gradient sets anew
+        (collective: every rank calls it), with the gradients they hold."""
         passes = _checked_passes(passes)
-        self._check_idle("set_backward_passes_per_step()")
+        if passes != self.backward_passes_per_step and self._sets:
+            self._check_idle("set_backward_passes_per_step()")
+            self.backward_passes_per_step = passes
+            self._rebuild()
         self.backward_passes_per_step = passes
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = passes
-        if self._sets:
-            params = [p for s in self._sets for p in s.params]
-            for s in self._sets:
-                s.readopt()
-            _remove_hooks(self._hook_handles)
-            del self._grad_accs[:]
-            self._sets, self._set_params = [], set()
-            percall = self._requires_update
-            self._requires_update = set()
-            self._register(params)
-            for p in percall:  # their hooks went with the others'
-                self._requires_update.add(p)
-                self._hook_handles.append(_after_accumulation(p, self._make_hook(p),
-                                                              self._grad_accs))
 
     # ---- the per-call path ----
     def _allreduce_grad_async(self, p):
         if p.grad is None:
             # Not produced on this rank (dynamic graphs); other ranks may have it: send zeros.
             p.grad = torch.zeros_like(p)
-        name = self._parameter_names.get(p)
+        return self._dense_allreduce(p.grad, self._parameter_names.get(p))
+
+    def _dense_allreduce(self, grad, name):
+        """Starts the allreduce of a dense gradient: (handle, (sent tensor, ctx, compressor)).
+        The engine's wire compression where it applies, else the compressor's cast around it."""
         prescale, postscale = self._scales()
-        grad = p.grad
         if self._wire and _compressible(grad) and grad.is_contiguous():
-            handle = allreduce_async_(grad, op=self.op, name=name, prescale_factor=prescale,
-                                      postscale_factor=postscale, compression=self._wire)
+            handle = self._ops.allreduce_async_(grad, op=self.op, name=name,
+                                                prescale_factor=prescale,
+                                                postscale_factor=postscale, compression=self._wire)
             return handle, (grad, None, NoneCompressor)
         compressed, ctx = self._compression.compress(grad)
         if not compressed.is_contiguous():
             compressed = compressed.contiguous()
-        handle = allreduce_async_(compressed, op=self.op, name=name, prescale_factor=prescale,
-                                  postscale_factor=postscale)
+        handle = self._ops.allreduce_async_(compressed, op=self.op, name=name,
+                                            prescale_factor=prescale, postscale_factor=postscale)
         return handle, (compressed, ctx, self._compression)
+
+    @staticmethod
+    def _take(p, result):
+        """Puts a per-call allreduce's result into p.grad."""
+        if result.data_ptr() != p.grad.data_ptr():
+            p.grad.copy_(result)
 
     def _make_hook(self, p):
         def hook(*ignore):
@@ -381,14 +452,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _wait_per_call(self, errors):
         for p, (handle, (compressed, cctx, compressor)) in self._handles.items():
             try:
-                output = handle.wait()
+                output = self._wait_handle(handle)
             except Exception as exc:  # wait for the rest before raising
                 errors.append(exc)
                 continue
             self._allreduce_delay[p] = self.backward_passes_per_step
-            result = compressor.decompress(output, cctx)
-            if result.data_ptr() != p.grad.data_ptr():
-                p.grad.copy_(result)
+            self._take(p, compressor.decompress(output, cctx))
         self._handles.clear()
 
     # ---- the step ----
@@ -402,7 +471,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         errors = []
         for s in self._sets:
             try:
-                s.wait()
+                self._wait_set(s)
             except Exception as exc:  # wait for the rest before raising
                 errors.append(exc)
         self._wait_per_call(errors)
@@ -424,9 +493,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn("optimizer.step() called after optimizer.synchronize() without a new "
-                              "backward pass: the gradients are allreduced again. Use `with "
-                              "optimizer.skip_synchronize(): optimizer.step()` after synchronize().")
+                warnings.warn(self._AFTER_SYNC)
             self.synchronize()
         self._synchronized = False
         return super(self.__class__, self).step(closure)
@@ -559,7 +626,8 @@ def _adasum_optimizer(optimizer, named_parameters, compression, backward_passes_
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=NoneCompressor,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
-                         gradient_storage="conflux", shared_gradients=None, error_feedback=False):
+                         gradient_storage="conflux", shared_gradients=None, error_feedback=False,
+                         process_set=None):
     """Wraps a torch optimizer: its gradients are reduced over the ranks (op, Average by
     default) as backward produces them, and step() waits for them before updating. Returns an
     instance of a subclass of the optimizer's class. Construction is collective: the parameters
@@ -579,12 +647,18 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=NoneCompr
     op=Adasum (more than one rank): Adasum combines each rank's optimizer update, not the
     gradients, as in Horovod (the local step runs in the hooks, step() applies the combined
     deltas; gradient_storage does not apply).
+    process_set (a conflux.torch.ProcessSet or conflux.ProcessSet): the gradients are reduced
+    over its ranks (Average: divided by its size), in gradient sets on its context; construction
+    is collective over its ranks; a rank outside it reduces nothing (step() is the wrapped
+    optimizer's).
     shared_gradients is the older spelling (True: "conflux", False: "framework")."""
     if shared_gradients is not None:
         warnings.warn("DistributedOptimizer(shared_gradients=...) is now gradient_storage="
                       "'conflux' (the default) or 'framework'", DeprecationWarning)
         gradient_storage = "conflux" if shared_gradients else "framework"
     if op == Adasum and size() > 1:
+        if process_set is not None:
+            raise NotImplementedError("op=Adasum does not support process sets yet")
         if gradient_predivide_factor != 1.0:
             raise ValueError("gradient_predivide_factor not supported with op != Average")
         if error_feedback:
@@ -594,6 +668,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=NoneCompr
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-                  gradient_predivide_factor, gradient_storage, error_feedback)
+                  gradient_predivide_factor, gradient_storage, error_feedback, process_set)
     wrapped.defaults = optimizer.defaults  # for add_param_group (the class's own are placeholders)
     return wrapped

@@ -67,12 +67,14 @@ def backward(params, rank, step, pass_=0, order=None, skip=()):
 
 
 def check(params, size, step, op=cfx.Average, passes=1, unused=None, tol=1e-6, prescale=1.0,
-          postscale=1.0):
-    """unused: {gid: ranks where that gradient was not produced (they contribute zeros)}."""
+          postscale=1.0, ranks=None):
+    """unused: {gid: ranks where that gradient was not produced (they contribute zeros)};
+    ranks: those reduced over (default all)."""
     unused = unused or {}
     for gid, (name, shape, dt) in enumerate(GRADS):
         xs = [sum(contribution(r, shape, dt, seed(step, gid, k)) for k in range(passes))
-              if r not in unused.get(gid, ()) else np.zeros(shape) for r in range(size)]
+              if r not in unused.get(gid, ()) else np.zeros(shape)
+              for r in (range(size) if ranks is None else ranks)]
         want = expected_reduce(op, xs, dt, prescale, postscale)
         got = params[gid][1].grad
         assert got is not None and got.dtype == DTYPES[dt], name
@@ -289,6 +291,38 @@ def test_per_call_paths(rank, size, how):
         opt.step()
         check(params, size, step, unused={3: (0,)})
         assert not any(shared(p.grad) for _, p in params)
+
+
+@pytest.mark.parametrize("storage", ["conflux", "framework"])
+@pytest.mark.parametrize("kind", ["torch", "numpy"])
+def test_process_set(rank, size, kind, storage):
+    """process_set= (a conflux.torch.ProcessSet or a conflux.ProcessSet of the first and the
+    last rank): members reduce over the set (Average: divided by its size), in gradient sets on
+    the set's own context or per call with its collectives; the other ranks keep their own
+    gradients (the wrapped optimizer alone)."""
+    members = [0, size - 1]
+    ps = (cfx.ProcessSet if kind == "torch" else conflux.ProcessSet)(members)
+    try:
+        params = make_params()
+        opt = make_opt(params, rank, process_set=ps, gradient_storage=storage)
+        if rank not in members:
+            assert not opt._sets and not opt._requires_update
+        elif storage == "conflux":
+            assert opt._sets and all(s.native.ctx is ps._subset.ctx for s in opt._sets)
+        else:
+            assert not opt._sets and len(opt._requires_update) == len(params)
+        for step in range(2):
+            opt.zero_grad()
+            backward(params, rank, step, order=rank_order(rank, len(params)),
+                     skip=(3,) if rank == 0 else ())
+            opt.step()
+            if rank in members:
+                check(params, size, step, ranks=members, unused={3: (0,)})
+                assert all(shared(p.grad) == (storage == "conflux") for _, p in params)
+            else:
+                check(params, size, step, ranks=[rank])
+    finally:
+        ps.free()
 
 
 def test_shared_gradients_is_the_older_spelling(rank, size):

@@ -1,18 +1,28 @@
-"""horovod.torch.optimizer: Horovod's DistributedOptimizer, gradient by gradient as Horovod does
-it: a hook per parameter starts the gradient's allreduce over the process set once backward
-produced it (after backward_passes_per_step passes), step() waits for them. Sparse gradients
-(nn.Embedding(sparse=True)) are allreduced as allgathers of indices and values, or as dense
-tensors with sparse_as_dense=True. conflux.torch.DistributedOptimizer (gradient sets) is the
-faster path for dense gradients on the global set."""
-import contextlib
-import warnings
+"""horovod.torch.optimizer: Horovod's DistributedOptimizer on gradient sets.
 
+It is conflux.torch's DistributedOptimizer (conflux/torch_optimizer.py) with Horovod's
+differences. Construction registers the dense CPU gradients in gradient sets on the process
+set's context (collective over its ranks: MismatchError, a HorovodInternalError too, names a
+gradient registered differently), each .grad a view into the set's storage; backward's hooks mark
+them ready and step() waits for the sets. What a set does not hold goes per call, one allreduce
+per gradient from its hook, as in Horovod: CUDA parameters, every gradient under a compressor of
+one's own, and sparse gradients.
+
+Sparse gradients (nn.Embedding(sparse=True)) are known only once backward made them. During the
+first step after registration each registered gradient's layout is watched; at its end one
+allreduce over the ranks tells which were sparse on some rank. Those keep the sparse layout
+(.grad sparse after every step) and, unless sparse_as_dense, leave the sets (committed anew) for
+the allgather of indices and values from then on; that first step reduced them densely in their
+set. A gradient first sparse in a later step is reduced densely in its set, as sparse_as_dense
+would, and keeps the dense layout."""
 import torch
 
-from conflux.torch import _wire_compression
-from conflux.torch_optimizer import (_DistributedOptimizer as _PerCall, _adasum_optimizer,
-                                     _after_accumulation, _checked_names, _idle_zero_grad)
+from conflux import _core
+from conflux.torch import NoneCompressor
+from conflux.torch_optimizer import (_DistributedOptimizer as _Base, _adasum_optimizer,
+                                     _checked_passes)
 
+from ..common import process_sets as _ps
 from . import mpi_ops as _mpi
 from .compression import Compression
 from .mpi_ops import Adasum, Average, Max, Min, Product, Sum, global_process_set, size
@@ -35,157 +45,149 @@ def _check_groups(groups):
                 seen.add(id(p))
 
 
+def _place(process_set):
+    """conflux.torch_optimizer's _place for Horovod's process sets (registered ones: ValueError
+    for others)."""
+    if process_set is None or process_set.process_set_id == 0:
+        return _core.current(), _mpi._GLOBAL, True, size()
+    subset = _ps.subset_of(process_set)
+    if not subset.included():
+        return None, None, False, subset.size()
+    return subset.context(), _mpi._set_ops(process_set), True, subset.size()
+
+
+def _empty_sparse(p, sparse_dim):
+    """A sparse gradient of p without entries (sparse_dim sparse dimensions)."""
+    return torch.sparse_coo_tensor(torch.zeros((sparse_dim, 0), dtype=torch.int64),
+                                   torch.zeros((0,) + tuple(p.shape[sparse_dim:]), dtype=p.dtype),
+                                   p.shape)
+
+
+def _wait_set(s):
+    _mpi._horovod_errors(s.wait)
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
-    # The hooks, and the start of the allreduces whose hooks did not fire, are conflux.torch's
-    # per-call path's (the same fields; _allreduce_grad_async is this class's).
-    _make_hook = _PerCall._make_hook
-    _start_missing = _PerCall._start_missing
+    """What Horovod's optimizer replaces in conflux.torch's (_Base)."""
+
+    _SET_PREFIX = "conflux.horovod.torch.DistributedOptimizer"
+    _place = staticmethod(_place)
+    _wait_handle = staticmethod(_mpi.synchronize)
+    _wait_set = staticmethod(_wait_set)
+    _AFTER_SYNC = ("optimizer.step() called without optimizer.skip_synchronize() context after "
+                   "optimizer.synchronize(). This can cause training slowdown. You may want to "
+                   "consider using optimizer.skip_synchronize() context if you use "
+                   "optimizer.synchronize() in your code.")
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, sparse_as_dense, process_set):
-        super(self.__class__, self).__init__(params)
-        self._compression = compression
-        named_parameters = _checked_names(self, named_parameters)
-        self._parameter_names = {v: k for k, v in named_parameters}
-        self.backward_passes_per_step = backward_passes_per_step
-        self._allreduce_delay = {v: backward_passes_per_step for _, v in named_parameters}
-        self.op = op
-        self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
-        self.process_set = process_set
-        self._ops = _mpi._GLOBAL if process_set is global_process_set else \
-            _mpi._set_ops(process_set)
-        # A rank outside the set reduces nothing: its optimizer is the one it wraps.
-        self._included = bool(process_set.included())
-        self._handles = {}
-        self._grad_accs = []
-        self._requires_update = set()
-        self._synchronized = False
-        self._should_synchronize = True
-        if size() > 1 and self._included:
-            self._register_hooks()
+        self._layout_hooks = {}  # p -> the hook that watches its gradient's layout
+        self._watched = set()    # every parameter ever watched
+        self._seen = {}          # p -> its gradient's layout on this rank: 1 dense, 1 + sparse dims
+        self._sparse = {}        # p -> sparse dimensions, for gradients sparse on some rank
+        _Base.__init__(self, params, named_parameters, compression, backward_passes_per_step, op,
+                       gradient_predivide_factor, "conflux", process_set=process_set)
+
+    def _register(self, params):
+        _mpi._horovod_errors(_Base._register, self, params)
+        for s in self._sets:
+            for p in s.params:
+                if p not in self._watched:
+                    self._watched.add(p)
+                    self._layout_hooks[p] = p.register_hook(self._watch(p))
+
+    def _watch(self, p):
+        def hook(grad):  # runs before backward accumulates `grad` into p.grad
+            layout = 1 + grad.sparse_dim() if grad.is_sparse else 1
+            self._seen[p] = max(self._seen.get(p, 0), layout)
+        return hook
+
+    def _settle_layouts(self):
+        """The end of the first step that produced some of the newly registered gradients on
+        some rank: which of them were sparse on some rank (one allreduce per step until then,
+        Max of a layout code per gradient)."""
+        watched = sorted(self._layout_hooks, key=self._parameter_names.get)
+        mine = torch.tensor([self._seen.get(p, 0) for p in watched], dtype=torch.int32)
+        handle = self._ops.allreduce_async(mine, op=Max, name=self._sets[-1].name + ".layouts")
+        layouts = self._wait_handle(handle).tolist()
+        if not any(layouts):  # no backward yet anywhere (or none reached these gradients)
+            return
+        for h in self._layout_hooks.values():
+            h.remove()
+        self._layout_hooks = {}
+        sparse = {p: code - 1 for p, code in zip(watched, layouts) if code > 1}
+        self._sparse.update(sparse)
+        if sparse and not self.sparse_as_dense:
+            self._rebuild(leave=sparse)  # collective: the same `sparse` on every rank
 
     def load_state_dict(self, *args, **kwargs):
         self._handles = {}
         self._synchronized = False
         self._should_synchronize = True
-        self.set_backward_passes_per_step(self.backward_passes_per_step)
-        super(self.__class__, self).load_state_dict(*args, **kwargs)
-
-    def set_backward_passes_per_step(self, passes):
-        self.backward_passes_per_step = passes
         for p in self._allreduce_delay:
-            self._allreduce_delay[p] = passes
-
-    def _register_hooks(self):
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.requires_grad:  # the hook runs once p.grad holds this pass's gradient
-                    self._requires_update.add(p)
-                    _after_accumulation(p, self._make_hook(p), self._grad_accs)
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        super(self.__class__, self).load_state_dict(*args, **kwargs)
 
     def _allreduce_grad_async(self, p):
         if p.grad is None:
-            # Not produced on this rank (dynamic graphs); other ranks may have it: send zeros.
-            p.grad = torch.zeros_like(p)
+            # Not produced on this rank (dynamic graphs); other ranks may have it: send zeros
+            # (no entries for a gradient known to be sparse).
+            dims = self._sparse.get(p)
+            p.grad = torch.zeros_like(p) if dims is None else _empty_sparse(p, dims)
         name = self._parameter_names.get(p)
         tensor = p.grad
         if tensor.is_sparse:
             if not self.sparse_as_dense:
-                return _mpi._sparse_allreduce(self._ops, tensor, name, self.op, 1.0, 1.0), None
+                return (_mpi._sparse_allreduce(self._ops, tensor, name, self.op, 1.0, 1.0),
+                        (tensor, None, NoneCompressor))
             tensor = tensor.to_dense()
-        if self.op == Average:
-            # The engine divides by the set's size on top of the postscale.
-            prescale = 1.0 / self.gradient_predivide_factor
-            postscale = self.gradient_predivide_factor
-        else:
-            prescale = postscale = 1.0
-        wire = _wire_compression(self._compression, tensor, self.op)
-        if wire and tensor.is_contiguous():  # Compression.fp16: the engine's, in place
-            return self._ops.allreduce_async_(tensor, self.op, name, prescale, postscale,
-                                              wire), None
-        compressed, ctx = self._compression.compress(tensor)
-        handle = self._ops.allreduce_async_(compressed, self.op, name, prescale, postscale)
-        return handle, ctx
+        return self._dense_allreduce(tensor, name)
+
+    @staticmethod
+    def _take(p, aggregated):
+        if p.grad.is_sparse:
+            if not aggregated.is_sparse:  # sparse_as_dense: back to the gradient's layout
+                aggregated = aggregated.to_sparse(p.grad.sparse_dim())
+            p.grad.zero_().add_(aggregated)
+        elif aggregated is not p.grad:
+            p.grad.set_(aggregated)
 
     def synchronize(self):
-        """Waits for every gradient's allreduce (starting those whose hooks did not fire)."""
-        if not self._included or size() <= 1:
-            self._synchronized = True
+        """Waits for every gradient's reduction (the gradient sets, and the per-call allreduces,
+        starting those whose hooks did not fire); sparse gradients keep their layout."""
+        _Base.synchronize(self)
+        if not self._distributed:
             return
-        self._start_missing()
-        errors = []
-        for p, (handle, ctx) in self._handles.items():
-            try:
-                output = _mpi.synchronize(handle)
-            except Exception as exc:  # wait for the rest before raising
-                errors.append(exc)
-                continue
-            self._allreduce_delay[p] = self.backward_passes_per_step
-            aggregated = self._compression.decompress(output, ctx)
-            if p.grad.is_sparse:
-                if not aggregated.is_sparse:  # sparse_as_dense: back to the gradient's layout
-                    aggregated = aggregated.to_sparse()
-                p.grad.zero_().add_(aggregated)
-            elif aggregated is not p.grad:
-                p.grad.set_(aggregated)
-        self._handles.clear()
-        self._synchronized = True
-        if errors:
-            self.set_backward_passes_per_step(self.backward_passes_per_step)
-            raise errors[0]
-
-    @contextlib.contextmanager
-    def skip_synchronize(self):
-        """
-        A context manager used to specify that optimizer.step() should
-        not perform synchronization.
-
-        It's typically used in a following pattern:
-
-        .. code-block:: python
-
-            optimizer.synchronize()
-            with optimizer.skip_synchronize():
-                optimizer.step()
-        """
-        self._should_synchronize = False
-        try:
-            yield
-        finally:
-            self._should_synchronize = True
-
-    def step(self, closure=None):
-        if self._should_synchronize:
-            if self._synchronized:
-                warnings.warn("optimizer.step() called without "
-                              "optimizer.skip_synchronize() context after "
-                              "optimizer.synchronize(). This can cause training "
-                              "slowdown. You may want to consider using "
-                              "optimizer.skip_synchronize() context if you use "
-                              "optimizer.synchronize() in your code.")
-            self.synchronize()
-        self._synchronized = False
-        return super(self.__class__, self).step(closure)
-
-    zero_grad = _idle_zero_grad
+        if self._layout_hooks:
+            self._settle_layouts()
+        for p, dims in self._sparse.items():
+            if p.grad is not None and not p.grad.is_sparse:
+                p.grad = p.grad.to_sparse(dims)
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          num_groups=0, groups=None, sparse_as_dense=False,
                          process_set=global_process_set):
-    """Horovod's DistributedOptimizer: gradients are allreduced over `process_set` from backward
-    hooks as they become ready and step() waits for them (a rank outside the set reduces nothing).
-    Sparse gradients go as allgathers of indices and values, or as dense tensors with
+    """Horovod's DistributedOptimizer: gradients are reduced over `process_set` as backward
+    produces them and step() waits for them (a rank outside the set reduces nothing).
+    Construction is collective over the set's ranks: the dense CPU gradients are registered in
+    gradient sets on its context (each .grad a view into the set's storage; HorovodInternalError,
+    also a conflux.MismatchError, names a gradient registered differently on some rank), and so
+    is a later add_param_group(). CUDA gradients, every gradient under a compressor of one's own
+    and sparse gradients are allreduced one by one from their hooks; sparse ones (known after the
+    first step) as allgathers of indices and values, or as dense tensors with
     sparse_as_dense=True. `num_groups`/`groups` (grouping hints) are checked and otherwise
     ignored: Conflux fuses ready tensors by itself. compression=Compression.fp16 is the engine's
-    wire compression for float32/float64 CPU gradients (rounded once where they are packed,
-    combined in float32; Horovod's cast elsewhere). op=Adasum (more than one rank, the global
-    set): Adasum combines each rank's optimizer update, as Horovod's Adasum optimizer does."""
+    wire compression for float32/float64 CPU gradients (their gradient set's; rounded once where
+    they are packed, combined in float32; Horovod's cast elsewhere). op=Adasum (more than one
+    rank, the global set): Adasum combines each rank's optimizer update, as Horovod's Adasum
+    optimizer does."""
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if num_groups != 0:
+        import warnings
         warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed "
                       "in v0.23.0.", DeprecationWarning)
         if groups is None:
@@ -193,6 +195,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     _check_groups(groups)
     if backward_passes_per_step <= 0:
         raise ValueError("backward_passes_per_step must be > 0")
+    _checked_passes(backward_passes_per_step)
     if op == Adasum and size() > 1:
         if process_set is not global_process_set:
             raise NotImplementedError("Adasum does not support non-global process sets yet.")
@@ -201,7 +204,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                                  {"_wait_handle": staticmethod(_mpi.synchronize)})
     if op not in (Sum, Average, Min, Max, Product, Adasum):
         raise ValueError("unknown reduction op %r" % (op,))
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
-               dict(_DistributedOptimizer.__dict__))
-    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, sparse_as_dense, process_set)
+    attributes = {k: v for cls in (_Base, _DistributedOptimizer) for k, v in vars(cls).items()
+                  if k not in ("__dict__", "__weakref__")}
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), attributes)
+    wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
+                  op, gradient_predivide_factor, sparse_as_dense, process_set)
+    wrapped.defaults = optimizer.defaults  # for add_param_group (the class's own are placeholders)
+    return wrapped
