@@ -12,11 +12,15 @@ rows in the C benchmark's CSV format (--raw) with methods:
                  default gradient storage: each .grad a view into its gradient set) over parameters of the
                  workload's shapes; a step calls the optimizer's hooks as backward does once it accumulated
                  each gradient, in reverse registration order, then synchronize() (the C row: conflux_gradset)
+  torch_hvd_optimizer  the same step through conflux.horovod.torch's DistributedOptimizer (its gradient
+                 sets), timed in the same rounds as torch_conflux_optimizer, alternating which goes first;
+                 a line per workload prints the ratio of their medians (hvd / conflux.torch)
 Timing as in C: a (Gloo) barrier before each repeat, perf_counter around the step, the max over ranks of
 each repeat, median/min/max after warm-up. Every workload's results are checked once per run against the
 known per-rank pattern (rank r puts (r + 1) + ((7 i + j) mod 13) into element j of tensor i).
-Repeat counts are the spec's, capped, and cut short by a time budget per row (8 s full, 3 s quick):
-Gloo is ~100x slower than MPI on small tensors. The checked step before timing doubles as a warm-up.
+Repeat counts are the spec's, capped (not for the optimizer rows), and cut short by a time budget per row
+(8 s full, 3 s quick): Gloo is ~100x slower than MPI on small tensors. The checked step before timing
+doubles as a warm-up.
 """
 import argparse
 import os
@@ -79,24 +83,33 @@ class Timer:
     def __init__(self, budget_s):
         self.budget_s = budget_s
 
-    def run(self, step, warmup, reps, inner):
-        samples, spent = [], 0.0
+    def run(self, steps, warmup, reps, inner):
+        """Times `steps` in the same rounds (each round times every step once, which goes first rotating
+        from round to round; the budget is per step); returns their (median, min, max, count) in order."""
+        samples, spent = [[] for _ in steps], 0.0
         for r in range(warmup + reps):
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(inner):
-                step()
-            dt = torch.tensor([(time.perf_counter() - t0) / inner], dtype=torch.float64)
-            dist.all_reduce(dt, op=dist.ReduceOp.MAX)
-            if r >= warmup:
-                samples.append(float(dt[0]))
-            spent += float(dt[0]) * inner
-            if samples and spent > self.budget_s:
+            for k in range(len(steps)):
+                i = (k + r) % len(steps)
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(inner):
+                    steps[i]()
+                dt = torch.tensor([(time.perf_counter() - t0) / inner], dtype=torch.float64)
+                dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+                if r >= warmup:
+                    samples[i].append(float(dt[0]))
+                spent += float(dt[0]) * inner
+            if samples[0] and spent > self.budget_s * len(steps):
                 break
-        samples.sort()
-        n = len(samples)
-        med = samples[n // 2] if n % 2 else 0.5 * (samples[n // 2 - 1] + samples[n // 2])
-        return med, samples[0], samples[-1], n
+        return [summary(s) for s in samples]
+
+
+def summary(samples):
+    """(median, min, max, count) of timing samples."""
+    samples = sorted(samples)
+    n = len(samples)
+    med = samples[n // 2] if n % 2 else 0.5 * (samples[n // 2 - 1] + samples[n // 2])
+    return med, samples[0], samples[-1], n
 
 
 def gloo_step(tensors):
@@ -113,14 +126,21 @@ def make_conflux_step(cfx, tensors, names):
     return step
 
 
-def make_optimizer(cfx, w):
-    """torch_conflux_optimizer: the gradients (the .grad views into the optimizer's gradient set) and a
-    step that runs the hooks autograd runs after accumulating each gradient, last parameter first, then
-    synchronize(). The optimizer goes with the step (its sets are freed with the views)."""
+def make_optimizer(module, w):
+    """torch_conflux_optimizer (module conflux.torch) and torch_hvd_optimizer (conflux.horovod.torch):
+    the gradients (the .grad views into the optimizer's gradient set) and a step that runs the hooks
+    autograd runs after accumulating each gradient, last parameter first, then synchronize(). One real
+    backward pass first (hvd's optimizer learns from it which gradients are sparse: none). The optimizer
+    goes with the step (its sets are freed with the views)."""
     params = [torch.nn.Parameter(torch.zeros(*d, dtype=torch.float32)) for _, d in w["tensors"]]
-    opt = cfx.DistributedOptimizer(torch.optim.SGD(params, lr=0.0), op=cfx.Sum,
-                                   named_parameters=[(n, p) for (n, _), p in zip(w["tensors"], params)])
+    opt = module.DistributedOptimizer(torch.optim.SGD(params, lr=0.0), op=module.Sum,
+                                      named_parameters=[(n, p) for (n, _), p in zip(w["tensors"], params)])
+    sum(p.sum() for p in params).backward()
+    opt.synchronize()
+    opt.zero_grad()
     hooks = [h for s in opt._sets for h in s.hooks][::-1]
+    if len(hooks) != len(params):
+        raise AssertionError("%s: %d of %d gradients in gradient sets" % (module.__name__, len(hooks), len(params)))
 
     def step():
         for hook in hooks:
@@ -161,9 +181,12 @@ def main():
         print("  %-9s %-16s %-16s median %12.3f us  (min %.3f, max %.3f)  %s" % (
             w["group"], w["name"], method, med * 1e6, mn * 1e6, mx * 1e6, chk), flush=True)
 
-    def reps_for(w):
+    def reps_for(w, capped=True):
+        """(warm-up, repeats) of workload w: the spec's, capped for the Gloo-paced rows (CAPS)."""
         if args.mode == "smoke":
             return 0, 1
+        if not capped:
+            return w["warmup"], w["reps"]
         cw, cr = CAPS[w["group"]]
         return min(w["warmup"], cw), min(w["reps"], cr)
 
@@ -183,26 +206,42 @@ def main():
             return tensors, make_step(tensors, [n for n, _ in w["tensors"]])
         return make
 
+    def checked_step(method, make, w):
+        """make(w) -> (tensors, step): the step, its result checked once; (step, "ok" or "FAIL")."""
+        nonlocal failures
+        tensors, step = make(w)
+        fill(tensors, rank)
+        step()
+        msg = check(tensors, size)
+        if msg:
+            print("[rank %d] CHECK FAILED %s %s: %s" % (rank, method, w["name"], msg), file=sys.stderr, flush=True)
+        ok = all_ok(msg)
+        failures += not ok
+        for t in tensors:
+            t.zero_()
+        return step, "ok" if ok else "FAIL"
+
     def run_backend(method, make, groups=None):
         """make(w) -> (tensors, step) for each workload (of `groups`, None: all)."""
-        nonlocal failures
+        run_together([(method, make)], groups)
+
+    def run_together(methods, groups=None, capped=True):
+        """run_backend for several (method, make) timed in the same rounds, alternating (Timer.run);
+        with two, a line with the ratio of their medians (second / first). capped=False: the spec's
+        repeat counts (rows without Gloo's pace), still within the time budget."""
         for w in workloads:
             if groups and w["group"] not in groups:
                 continue
-            tensors, step = make(w)
-            fill(tensors, rank)
-            step()
-            msg = check(tensors, size)
-            if msg:
-                print("[rank %d] CHECK FAILED %s %s: %s" % (rank, method, w["name"], msg), file=sys.stderr, flush=True)
-            ok = all_ok(msg)
-            failures += not ok
-            for t in tensors:
-                t.zero_()
-            warm, reps = reps_for(w)
-            emit(w, method, timer.run(step, warm, reps, w["inner"] if args.mode != "smoke" else 1),
-                 "ok" if ok else "FAIL")
-            del tensors, step  # a gradient set goes with its views before the next one is made
+            steps = [checked_step(method, make, w) for method, make in methods]
+            warm, reps = reps_for(w, capped)
+            results = timer.run([step for step, _ in steps], warm, reps,
+                                            w["inner"] if args.mode != "smoke" else 1)
+            for (method, _), (_, chk), res in zip(methods, steps, results):
+                emit(w, method, res, chk)
+            if len(methods) == 2 and rank == 0:
+                print("  %-9s %-16s %s / %s (medians) = %.3f" % (w["group"], w["name"], methods[1][0], methods[0][0],
+                                                                results[1][0] / results[0][0]), flush=True)
+            del steps  # a gradient set goes with its views before the next one is made
 
     run_backend("torch_gloo", per_tensor(lambda tensors, names: (lambda: gloo_step(tensors))))
 
@@ -219,7 +258,18 @@ def main():
             run_backend("torch_conflux", per_tensor(lambda tensors, names: make_conflux_step(cfx, tensors, names)))
             run_backend("torch_conflux_shared", per_tensor(lambda tensors, names: make_conflux_step(cfx, tensors, names),
                                                            cfx.shared_zeros))
-            run_backend("torch_conflux_optimizer", lambda w: make_optimizer(cfx, w), groups=("model", "many"))
+            optimizers = [("torch_conflux_optimizer", lambda w: make_optimizer(cfx, w))]
+            try:
+                import conflux.horovod.torch as hvd
+                hvd.init()
+            except Exception as e:
+                if rank == 0:
+                    why = "n/a (conflux.horovod.torch not importable: %s)" % str(e).replace(",", ";")[:120]
+                    out.write("python,torch_hvd_optimizer,0,0,torch_hvd_optimizer,0,,,,%s\n" % why)
+                    print("  torch_hvd_optimizer: " + why, flush=True)
+            else:
+                optimizers.append(("torch_hvd_optimizer", lambda w: make_optimizer(hvd, w)))
+            run_together(optimizers, groups=("model", "many"), capped=False)
             if hasattr(cfx, "shutdown"):
                 cfx.shutdown()
 
