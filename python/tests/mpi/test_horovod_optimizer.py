@@ -154,8 +154,9 @@ def test_ops_on_the_set(op, rank, size):
 def test_sparse_and_dense_gradients_mixed(sparse_as_dense, rank, size):
     """nn.Embedding(sparse=True) beside dense layers. The first step reduces the embedding in
     the set; afterwards it goes as an allgather of indices and values (or stays in the set with
-    sparse_as_dense). Its gradient is sparse after every step; in step 3 rank 0 looks nothing up
-    (p.grad None after zero_grad(set_to_none=True): no entries of its own)."""
+    sparse_as_dense). Its gradient is sparse after every step. Rank 0 looks nothing up in the
+    first step (the others tell it the gradient is sparse) and in step 3 (p.grad None after
+    zero_grad(set_to_none=True): no entries of its own)."""
     model = Net(sparse=True)
     opt = distributed(model, sparse_as_dense=sparse_as_dense, sgd={"lr": 0.2})
     ref = Reference(list(range(size)), lr=0.2)
@@ -164,7 +165,7 @@ def test_sparse_and_dense_gradients_mixed(sparse_as_dense, rank, size):
     for step in range(4):
         opt.zero_grad(set_to_none=step == 3)
         x, idx, spare = batch(rank, step)
-        if step == 3 and rank == 0:
+        if step in NO_LOOKUPS and rank == 0:
             idx = idx[:0]
         (model(x, idx, spare) ** 2).sum().backward()
         opt.step()
@@ -177,9 +178,12 @@ def test_sparse_and_dense_gradients_mixed(sparse_as_dense, rank, size):
         assert all(in_set_storage(opt, p) for p in dense)
 
 
+NO_LOOKUPS = (0, 3)  # the steps in which rank 0 looks no embedding rows up
+
+
 def ref_step(ref, step):
-    """Reference.step, except that in step 3 rank 0 looks no embedding rows up."""
-    if step != 3:
+    """Reference.step, except that rank 0 looks no embedding rows up in the steps NO_LOOKUPS."""
+    if step not in NO_LOOKUPS:
         return ref.step(step)
     params = list(ref.model.parameters())
     total = [torch.zeros_like(p) for p in params]

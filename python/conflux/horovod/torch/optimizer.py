@@ -15,6 +15,8 @@ allreduce over the ranks tells which were sparse on some rank. Those keep the sp
 the allgather of indices and values from then on; that first step reduced them densely in their
 set. A gradient first sparse in a later step is reduced densely in its set, as sparse_as_dense
 would, and keeps the dense layout."""
+import weakref
+
 import torch
 
 from conflux import _core
@@ -67,6 +69,22 @@ def _wait_set(s):
     _mpi._horovod_errors(s.wait)
 
 
+def _watch(seen, p):
+    """The hook that records the layout of p's gradients in `seen` (1 dense, 1 + its sparse
+    dimensions sparse); it runs before backward accumulates them into p.grad. It holds no
+    reference to the optimizer, which may go while the hook is on p."""
+    def hook(grad):
+        layout = 1 + grad.sparse_dim() if grad.is_sparse else 1
+        seen[p] = max(seen.get(p, 0), layout)
+    return hook
+
+
+def _remove_layout_hooks(hooks):
+    for h in hooks.values():
+        h.remove()
+    hooks.clear()
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     """What Horovod's optimizer replaces in conflux.torch's (_Base)."""
 
@@ -82,10 +100,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, sparse_as_dense, process_set):
         self.sparse_as_dense = sparse_as_dense
-        self._layout_hooks = {}  # p -> the hook that watches its gradient's layout
+        self._layout_hooks = {}  # p -> the hook that watches its gradient's layout (_watch)
         self._watched = set()    # every parameter ever watched
         self._seen = {}          # p -> its gradient's layout on this rank: 1 dense, 1 + sparse dims
         self._sparse = {}        # p -> sparse dimensions, for gradients sparse on some rank
+        weakref.finalize(self, _remove_layout_hooks, self._layout_hooks)
         _Base.__init__(self, params, named_parameters, compression, backward_passes_per_step, op,
                        gradient_predivide_factor, "conflux", process_set=process_set)
 
@@ -95,13 +114,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             for p in s.params:
                 if p not in self._watched:
                     self._watched.add(p)
-                    self._layout_hooks[p] = p.register_hook(self._watch(p))
-
-    def _watch(self, p):
-        def hook(grad):  # runs before backward accumulates `grad` into p.grad
-            layout = 1 + grad.sparse_dim() if grad.is_sparse else 1
-            self._seen[p] = max(self._seen.get(p, 0), layout)
-        return hook
+                    self._layout_hooks[p] = p.register_hook(_watch(self._seen, p))
 
     def _settle_layouts(self):
         """The end of the first step that produced some of the newly registered gradients on
@@ -113,9 +126,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         layouts = self._wait_handle(handle).tolist()
         if not any(layouts):  # no backward yet anywhere (or none reached these gradients)
             return
-        for h in self._layout_hooks.values():
-            h.remove()
-        self._layout_hooks = {}
+        _remove_layout_hooks(self._layout_hooks)
         sparse = {p: code - 1 for p, code in zip(watched, layouts) if code > 1}
         self._sparse.update(sparse)
         if sparse and not self.sparse_as_dense:
