@@ -61,28 +61,23 @@ int cx_compression_leg(uint8_t c, cfx_dtype dtype, bool cross_host)
     return bf16 ? CFX_BFLOAT16 : CFX_FLOAT16;
 }
 
-static float widen(uint16_t h, bool bf) { return bf ? cx_bf16_to_f32(h) : cx_f16_to_f32(h); }
+/* Packing and unpacking go through the array conversions (kernels/reduce.h, F16C where the CPU
+ * has it) in blocks that stay in L1. */
+#define BLOCK 512
 
-/* cx_compress_pack with error feedback. */
-static void pack_feedback(uint16_t *dst16, const void *src, void *residual, size_t count,
-                          cfx_dtype dtype, bool bf, double factor)
+/* The values to pack, block [i, i + n) of src: src * factor (+ e, float32's residual), as float32. */
+static void pack_values(float *v, const void *src, const float *e, size_t i, size_t n,
+                        cfx_dtype dtype, double factor)
 {
     if (dtype == CFX_FLOAT32) {
-        const float *s = src;
-        float *e = residual, f = (float)factor;
-        for (size_t i = 0; i < count; i++) {
-            float v = (factor == 1.0 ? s[i] : s[i] * f) + e[i];
-            dst16[i] = bf ? cx_f32_to_bf16(v) : cx_f32_to_f16(v);
-            e[i] = v - widen(dst16[i], bf);
-        }
+        const float *s = (const float *)src + i;
+        float f = (float)factor;
+        for (size_t j = 0; j < n; j++)
+            v[j] = (factor == 1.0 ? s[j] : s[j] * f) + (e ? e[i + j] : 0.0f);
     } else {
-        const double *s = src;
-        double *e = residual;
-        for (size_t i = 0; i < count; i++) {
-            double v = s[i] * factor + e[i];
-            dst16[i] = bf ? cx_f32_to_bf16((float)v) : cx_f32_to_f16((float)v);
-            e[i] = v - (double)widen(dst16[i], bf);
-        }
+        const double *s = (const double *)src + i;
+        for (size_t j = 0; j < n; j++)
+            v[j] = (float)(s[j] * factor);
     }
 }
 
@@ -90,22 +85,30 @@ void cx_compress_pack(uint16_t *dst16, const void *src, void *residual, size_t c
                       cfx_dtype dtype, cfx_dtype wire, double factor)
 {
     bool bf = wire == CFX_BFLOAT16;
-    if (residual) {
-        pack_feedback(dst16, src, residual, count, dtype, bf, factor);
+    if (dtype == CFX_FLOAT32 && factor == 1.0 && !residual) {
+        cx_half_narrow(dst16, src, count, bf);
         return;
     }
-    if (dtype == CFX_FLOAT32) {
-        const float *s = src;
-        float f = (float)factor;
-        for (size_t i = 0; i < count; i++) {
-            float v = factor == 1.0 ? s[i] : s[i] * f;
-            dst16[i] = bf ? cx_f32_to_bf16(v) : cx_f32_to_f16(v);
-        }
-    } else {
-        const double *s = src;
-        for (size_t i = 0; i < count; i++) {
-            float v = (float)(s[i] * factor);
-            dst16[i] = bf ? cx_f32_to_bf16(v) : cx_f32_to_f16(v);
+    float v[BLOCK], w[BLOCK];
+    for (size_t i = 0; i < count; i += BLOCK) {
+        size_t n = count - i < BLOCK ? count - i : BLOCK;
+        if (dtype == CFX_FLOAT32 || !residual) {
+            pack_values(v, src, dtype == CFX_FLOAT32 ? residual : NULL, i, n, dtype, factor);
+            cx_half_narrow(dst16 + i, v, n, bf);
+            if (residual) { /* what the rounding took stays on this rank (error feedback) */
+                cx_half_widen(w, dst16 + i, n, bf);
+                for (size_t j = 0; j < n; j++)
+                    ((float *)residual)[i + j] = v[j] - w[j];
+            }
+        } else { /* float64 with feedback: the residual keeps float64's precision */
+            const double *s = (const double *)src + i;
+            double *e = (double *)residual + i;
+            for (size_t j = 0; j < n; j++)
+                v[j] = (float)(s[j] * factor + e[j]);
+            cx_half_narrow(dst16 + i, v, n, bf);
+            cx_half_widen(w, dst16 + i, n, bf);
+            for (size_t j = 0; j < n; j++)
+                e[j] = s[j] * factor + e[j] - (double)w[j];
         }
     }
 }
@@ -114,15 +117,22 @@ void cx_compress_unpack(void *dst, const uint16_t *src16, size_t count, cfx_dtyp
                         cfx_dtype wire, double factor)
 {
     bool bf = wire == CFX_BFLOAT16;
-    if (dtype == CFX_FLOAT32) {
-        float *d = dst, f = (float)factor;
-        for (size_t i = 0; i < count; i++) {
-            float v = bf ? cx_bf16_to_f32(src16[i]) : cx_f16_to_f32(src16[i]);
-            d[i] = factor == 1.0 ? v : v * f;
+    if (dtype == CFX_FLOAT32 && factor == 1.0) {
+        cx_half_widen(dst, src16, count, bf);
+        return;
+    }
+    float w[BLOCK];
+    for (size_t i = 0; i < count; i += BLOCK) {
+        size_t n = count - i < BLOCK ? count - i : BLOCK;
+        cx_half_widen(w, src16 + i, n, bf);
+        if (dtype == CFX_FLOAT32) {
+            float *d = (float *)dst + i, f = (float)factor;
+            for (size_t j = 0; j < n; j++)
+                d[j] = w[j] * f;
+        } else {
+            double *d = (double *)dst + i;
+            for (size_t j = 0; j < n; j++)
+                d[j] = (double)w[j] * factor;
         }
-    } else {
-        double *d = dst;
-        for (size_t i = 0; i < count; i++)
-            d[i] = (double)(bf ? cx_bf16_to_f32(src16[i]) : cx_f16_to_f32(src16[i])) * factor;
     }
 }

@@ -87,28 +87,101 @@ uint16_t cx_f32_to_f16(float f) { return float_to_half(f); }
 float cx_bf16_to_f32(uint16_t b) { return bhalf_to_float(b); }
 uint16_t cx_f32_to_bf16(float f) { return float_to_bhalf(f); }
 
+/* float16 <-> float32 over arrays: with the F16C instructions where the CPU has them (chosen once
+ * at run time; they round to nearest even and treat NaNs and subnormals as the code above does),
+ * else the portable code. */
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#include <immintrin.h>
+#include <stdatomic.h>
+#define CX_HAVE_F16C_PATH 1
+
+__attribute__((target("avx,f16c"))) static void f16_widen_f16c(float *restrict d,
+                                                                const uint16_t *restrict s, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(s + i))));
+    for (; i < n; i++)
+        d[i] = half_to_float(s[i]);
+}
+
+__attribute__((target("avx,f16c"))) static void f16_narrow_f16c(uint16_t *restrict d,
+                                                                 const float *restrict s, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(void *)(d + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++)
+        d[i] = float_to_half(s[i]);
+}
+
+static bool have_f16c(void)
+{
+    static atomic_int known = -1; /* every thread that finds it unset computes the same answer */
+    int k = atomic_load_explicit(&known, memory_order_relaxed);
+    if (k < 0) {
+        unsigned a, b, c, d;
+        k = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) && __builtin_cpu_supports("avx");
+        atomic_store_explicit(&known, k, memory_order_relaxed);
+    }
+    return k;
+}
+#endif
+
 static void f16_widen(float *restrict d, const uint16_t *restrict s, size_t n)
 {
+#ifdef CX_HAVE_F16C_PATH
+    if (have_f16c()) {
+        f16_widen_f16c(d, s, n);
+        return;
+    }
+#endif
     for (size_t i = 0; i < n; i++)
         d[i] = half_to_float(s[i]);
 }
 
 static void f16_narrow(uint16_t *restrict d, const float *restrict s, size_t n)
 {
+#ifdef CX_HAVE_F16C_PATH
+    if (have_f16c()) {
+        f16_narrow_f16c(d, s, n);
+        return;
+    }
+#endif
     for (size_t i = 0; i < n; i++)
         d[i] = float_to_half(s[i]);
 }
 
-static void bf16_widen(float *restrict d, const uint16_t *restrict s, size_t n)
+/* The bfloat16 conversions are a few integer operations an element: let GCC vectorize them at -O2
+ * (its default cost model there only vectorizes loops of a known multiple of the vector length). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define CX_VECTORIZE __attribute__((optimize("tree-vectorize", "vect-cost-model=dynamic")))
+#else
+#define CX_VECTORIZE
+#endif
+
+CX_VECTORIZE static void bf16_widen(float *restrict d, const uint16_t *restrict s, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         d[i] = bhalf_to_float(s[i]);
 }
 
-static void bf16_narrow(uint16_t *restrict d, const float *restrict s, size_t n)
+CX_VECTORIZE static void bf16_narrow(uint16_t *restrict d, const float *restrict s, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         d[i] = float_to_bhalf(s[i]);
+}
+
+void cx_half_widen(float *dst, const uint16_t *src, size_t n, bool bf16)
+{
+    (bf16 ? bf16_widen : f16_widen)(dst, src, n);
+}
+
+void cx_half_narrow(uint16_t *dst, const float *src, size_t n, bool bf16)
+{
+    (bf16 ? bf16_narrow : f16_narrow)(dst, src, n);
 }
 
 /* ---- elementwise ops ---------------------------------------------------------------------------- */

@@ -18,6 +18,7 @@
 #ifndef CFX_REDUCE_H
 #define CFX_REDUCE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -40,6 +41,10 @@ void cx_scale_copy(void *dst, const void *src, size_t count, cfx_dtype dtype, do
  * (+inf for floats) for min, its smallest (-inf) for max; bool: 0 for sum/max, 1 for min/product;
  * 0 for adasum, whose kernels are not here: exec/adasum.c). */
 void cx_fill_identity(void *buf, size_t count, cfx_dtype dtype, cfx_reduce_op op);
+
+/* Arrays of float16 (bf16 false) or bfloat16 to float32 and back (round to nearest even). */
+void cx_half_widen(float *dst, const uint16_t *src, size_t n, bool bf16);
+void cx_half_narrow(uint16_t *dst, const float *src, size_t n, bool bf16);
 
 float cx_f16_to_f32(uint16_t h);
 uint16_t cx_f32_to_f16(float f);
