@@ -12,10 +12,13 @@ rows in the C benchmark's CSV format (--raw) with methods:
                  default gradient storage: each .grad a view into its gradient set) over parameters of the
                  workload's shapes; a step calls the optimizer's hooks as backward does once it accumulated
                  each gradient, in reverse registration order, then synchronize() (the C row: conflux_gradset)
+  torch_c_gradset  the C gradient-set step (conflux_gradset's) on such an optimizer's set, from C in
+                 this process, timed in the same rounds: the reference of the optimizer rows
   torch_hvd_optimizer  the same step through conflux.horovod.torch's DistributedOptimizer (its gradient
                  sets), timed in the same rounds as torch_conflux_optimizer, alternating which goes first;
                  a line per workload prints the ratio of their medians (hvd / conflux.torch)
-Timing as in C: a (Gloo) barrier before each repeat, perf_counter around the step, the max over ranks of
+Timing as in C: a barrier before each repeat (the library's own: Gloo's for Gloo, Conflux's for
+Conflux), perf_counter around the step, the max over ranks of
 each repeat, median/min/max after warm-up. Every workload's results are checked once per run against the
 known per-rank pattern (rank r puts (r + 1) + ((7 i + j) mod 13) into element j of tensor i).
 Repeat counts are the spec's, capped (not for the optimizer rows), and cut short by a time budget per row
@@ -77,31 +80,45 @@ def check(tensors, size):
 
 class Timer:
     """Repeats until `reps` samples or `budget_s` of measured time, whichever comes first (at least one):
-    Gloo needs seconds per step where MPI needs milliseconds. Every rank sees the same max, so every
-    rank takes the same decision."""
+    Gloo needs seconds per step where MPI needs milliseconds. Each repeat starts at the barrier of the
+    library under test (Gloo's for Gloo, Conflux's for Conflux: another library's traffic right before
+    a lone small collective, and Gloo's I/O threads after it, would be measured with it). Samples are
+    kept per rank and maxed over the ranks at the end; the budget is agreed every BUDGET_EVERY rounds
+    (max over ranks, so every rank takes the same decision)."""
+    BUDGET_EVERY = 16
 
     def __init__(self, budget_s):
         self.budget_s = budget_s
 
-    def run(self, steps, warmup, reps, inner):
+    def run(self, steps, warmup, reps, inner, barriers=None):
         """Times `steps` in the same rounds (each round times every step once, which goes first rotating
-        from round to round; the budget is per step); returns their (median, min, max, count) in order."""
+        from round to round; the budget is per step); `barriers[i]` starts step i's repeats (default
+        dist.barrier); returns their (median, min, max, count) in order."""
+        barriers = barriers or [dist.barrier] * len(steps)
         samples, spent = [[] for _ in steps], 0.0
         for r in range(warmup + reps):
             for k in range(len(steps)):
                 i = (k + r) % len(steps)
-                dist.barrier()
+                barriers[i]()
                 t0 = time.perf_counter()
                 for _ in range(inner):
                     steps[i]()
-                dt = torch.tensor([(time.perf_counter() - t0) / inner], dtype=torch.float64)
-                dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+                dt = (time.perf_counter() - t0) / inner
                 if r >= warmup:
-                    samples[i].append(float(dt[0]))
-                spent += float(dt[0]) * inner
-            if samples[0] and spent > self.budget_s * len(steps):
-                break
-        return [summary(s) for s in samples]
+                    samples[i].append(dt)
+                spent += dt * inner
+            last = r == warmup + reps - 1
+            if samples[0] and not last and (r + 1) % self.BUDGET_EVERY == 0:
+                most = torch.tensor([spent], dtype=torch.float64)
+                dist.all_reduce(most, op=dist.ReduceOp.MAX)
+                if float(most[0]) > self.budget_s * len(steps):
+                    break
+        out = []
+        for s in samples:  # every rank has the same number of samples: the decisions were agreed
+            t = torch.tensor(s, dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            out.append(summary(t.tolist()))
+        return out
 
 
 def summary(samples):
@@ -146,7 +163,27 @@ def make_optimizer(module, w):
         for hook in hooks:
             hook()
         opt.synchronize()
+    step.optimizer = opt
     return [p.grad for p in params], step
+
+
+def make_c_gradset_step(module, w):
+    """torch_c_gradset: the C gradient-set step of bench/run's conflux_gradset row (every gradient
+    marked ready, last first, then wait; cfx_py_bench_c_gradset with the GIL released) on the
+    gradient set of an optimizer made as make_optimizer makes it: the optimizer row's C reference,
+    in the same process and the same rounds."""
+    from conflux import _capi
+    grads, hooked = make_optimizer(module, w)
+    opt = hooked.optimizer
+    if len(opt._sets) != 1:
+        raise AssertionError("%d gradient sets, expected one" % len(opt._sets))
+    ptr, count = opt._sets[0].native.ptr, len(grads)
+    run = _capi._capi_native.cfx_py_bench_c_gradset
+
+    def step():
+        run(ptr, count, 1)
+    step.optimizer = opt  # keeps the set alive with the step
+    return grads, step
 
 
 def main():
@@ -227,38 +264,48 @@ def main():
 
     def run_together(methods, groups=None, capped=True):
         """run_backend for several (method, make) timed in the same rounds, alternating (Timer.run);
-        with two, a line with the ratio of their medians (second / first). capped=False: the spec's
+        with more, a line per method with the ratio of its median to the first's. capped=False: the spec's
         repeat counts (rows without Gloo's pace), still within the time budget."""
         for w in workloads:
             if groups and w["group"] not in groups:
                 continue
             steps = [checked_step(method, make, w) for method, make in methods]
             warm, reps = reps_for(w, capped)
+            barriers = [dist.barrier if method == "torch_gloo" else conflux_barrier for method, _ in methods]
             results = timer.run([step for step, _ in steps], warm, reps,
-                                            w["inner"] if args.mode != "smoke" else 1)
+                                w["inner"] if args.mode != "smoke" else 1, barriers)
             for (method, _), (_, chk), res in zip(methods, steps, results):
                 emit(w, method, res, chk)
-            if len(methods) == 2 and rank == 0:
-                print("  %-9s %-16s %s / %s (medians) = %.3f" % (w["group"], w["name"], methods[1][0], methods[0][0],
-                                                                results[1][0] / results[0][0]), flush=True)
+            for (method, _), res in list(zip(methods, results))[1:]:
+                if rank == 0:
+                    print("  %-9s %-16s %s / %s (medians) = %.3f" % (w["group"], w["name"], method, methods[0][0],
+                                                                    res[0] / results[0][0]), flush=True)
             del steps  # a gradient set goes with its views before the next one is made
 
-    run_backend("torch_gloo", per_tensor(lambda tensors, names: (lambda: gloo_step(tensors))))
-
+    cfx, why, conflux_barrier = None, None, None
     if args.conflux == "auto":
         try:
             import conflux.torch as cfx
             cfx.init()
         except Exception as e:  # the package is optional; say why it is missing, never fake a row
+            cfx = None
+            why = "n/a (python package not importable: %s)" % str(e).replace(",", ";").splitlines()[0][:120]
+        else:
+            conflux_barrier = cfx.barrier  # the repeats of Conflux's rows start at it (Timer)
+
+    run_backend("torch_gloo", per_tensor(lambda tensors, names: (lambda: gloo_step(tensors))))
+
+    if args.conflux == "auto":
+        if cfx is None:
             if rank == 0:
-                why = "n/a (python package not importable: %s)" % str(e).replace(",", ";").splitlines()[0][:120]
                 out.write("python,torch_conflux,0,0,torch_conflux,0,,,,%s\n" % why)
                 print("  torch_conflux: " + why, flush=True)
         else:
             run_backend("torch_conflux", per_tensor(lambda tensors, names: make_conflux_step(cfx, tensors, names)))
             run_backend("torch_conflux_shared", per_tensor(lambda tensors, names: make_conflux_step(cfx, tensors, names),
                                                            cfx.shared_zeros))
-            optimizers = [("torch_conflux_optimizer", lambda w: make_optimizer(cfx, w))]
+            optimizers = [("torch_conflux_optimizer", lambda w: make_optimizer(cfx, w)),
+                          ("torch_c_gradset", lambda w: make_c_gradset_step(cfx, w))]
             try:
                 import conflux.horovod.torch as hvd
                 hvd.init()

@@ -575,7 +575,7 @@ static cfx_status cycle(cx_loop *L, bool *progress, bool *stop)
 /* A context idle for DEEP_IDLE_CYCLES heartbeat cycles in a row (nothing in flight, no waiter)
  * wakes only every DEEP_IDLE_STRETCH cycle times to take part in other ranks' cycles. */
 #define DEEP_IDLE_CYCLES 200
-#define DEEP_IDLE_STRETCH 8
+#define DEEP_IDLE_STRETCH 50
 /* How long a driving thread yields to a background thread in its cycle before it waits as usual. */
 #define DRIVE_YIELD_S 50e-6
 
