@@ -532,6 +532,22 @@ static PyObject *cfx_py_fast_init(PyObject *self, PyObject *const *args, Py_ssiz
     Py_RETURN_NONE;
 }
 
+/* The bench helpers' result: a list of n floats (times in us) taken from t, which is freed. */
+static PyObject *cfx_py_times_list(double *t, Py_ssize_t n) {
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        PyObject *v = PyFloat_FromDouble(t[i]);
+        if (v == NULL) Py_CLEAR(out);
+        else PyList_SET_ITEM(out, i, v);
+    }
+    free(t);
+    return out;
+}
+
+static double cfx_py_elapsed_us(const struct timespec *a, const struct timespec *b) {
+    return (double)(b->tv_sec - a->tv_sec) * 1e6 + (double)(b->tv_nsec - a->tv_nsec) * 1e-3;
+}
+
 /* cfx_py_bench_c_allreduce(ptr, n) -> a list of n times (us): the C loop of bench/lang (a blocking
  * 1-element float32 SUM allreduce named "ovh": submit, cfx_wait, release), run inside this process
  * with the GIL released, so that the Python calls are compared with C under the same load. */
@@ -568,7 +584,7 @@ static PyObject *cfx_py_bench_c_allreduce(PyObject *self, PyObject *const *args,
         if (st == CFX_OK) st = cfx_wait(vp, h, -1.0);
         if (h) (void)cfx_handle_release(vp, h);
         timespec_get(&b, TIME_UTC);
-        t[i] = (double)(b.tv_sec - a.tv_sec) * 1e6 + (double)(b.tv_nsec - a.tv_nsec) * 1e-3;
+        t[i] = cfx_py_elapsed_us(&a, &b);
         x = 1.0f;
     }
     Py_END_ALLOW_THREADS
@@ -577,14 +593,7 @@ static PyObject *cfx_py_bench_c_allreduce(PyObject *self, PyObject *const *args,
         cfx_py_raise((int)st, cfx_last_error());
         return NULL;
     }
-    PyObject *out = PyList_New(count);
-    for (Py_ssize_t i = 0; out != NULL && i < count; i++) {
-        PyObject *v = PyFloat_FromDouble(t[i]);
-        if (v == NULL) Py_CLEAR(out);
-        else PyList_SET_ITEM(out, i, v);
-    }
-    free(t);
-    return out;
+    return cfx_py_times_list(t, count);
 }
 
 /* cfx_py_bench_c_gradset(set, ngrads, steps) -> a list of `steps` times (us): the C gradient-set
@@ -614,7 +623,7 @@ static PyObject *cfx_py_bench_c_gradset(PyObject *self, PyObject *const *args, P
             st = cfx_gradset_ready(vp, g);
         if (st == CFX_OK) st = cfx_gradset_wait(vp, -1.0);
         timespec_get(&b, TIME_UTC);
-        t[i] = (double)(b.tv_sec - a.tv_sec) * 1e6 + (double)(b.tv_nsec - a.tv_nsec) * 1e-3;
+        t[i] = cfx_py_elapsed_us(&a, &b);
     }
     Py_END_ALLOW_THREADS
     if (st != CFX_OK) {
@@ -622,14 +631,7 @@ static PyObject *cfx_py_bench_c_gradset(PyObject *self, PyObject *const *args, P
         cfx_py_raise((int)st, cfx_last_error());
         return NULL;
     }
-    PyObject *out = PyList_New(steps);
-    for (Py_ssize_t i = 0; out != NULL && i < steps; i++) {
-        PyObject *v = PyFloat_FromDouble(t[i]);
-        if (v == NULL) Py_CLEAR(out);
-        else PyList_SET_ITEM(out, i, v);
-    }
-    free(t);
-    return out;
+    return cfx_py_times_list(t, steps);
 }
 
 /* cfx_py_data_address(obj) -> the address of obj's memory through the buffer protocol (a C-contiguous

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "base/config.h"
+#include "base/clock.h"
 #include "engine/context.h"
 #include "base/dtype.h"
 #include "kernels/dot.h"
@@ -265,13 +266,6 @@ static cfx_status check_adasum(const char *fn, const char *what, const cfx_tenso
     return CFX_OK;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* A name for the tensor: the caller's, or "<kind>.noname.<n>". */
 static char *make_name(cfx_context *ctx, int coll, const char *prefix, const char *name)
 {
@@ -296,7 +290,7 @@ static cx_entry *new_entry(int coll, char *name, const cfx_tensor *t, size_t byt
     e->req.device = CFX_DEVICE_CPU;
     e->req.prescale = e->req.postscale = 1.0;
     e->req.root = -1;
-    e->enqueue_time = now_s();
+    e->enqueue_time = cx_now_s();
     if (t) {
         e->req.dtype = (uint8_t)t->dtype;
         e->req.device = t->device;

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "base/error.h"
 
 struct cx_nccl {
@@ -34,13 +35,6 @@ _Static_assert(CX_NCCL_ID_BYTES == NCCL_UNIQUE_ID_BYTES, "NCCL unique id size ch
 #define CX_NCCL_BF16 ((ncclDataType_t)9)
 #endif
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void backoff(unsigned *spins)
 {
     if (++*spins < 64)
@@ -55,7 +49,7 @@ static ncclResult_t settle(ncclComm_t comm, ncclResult_t r, double timeout_s)
 {
     if (r != ncclInProgress || !comm)
         return r;
-    double deadline = now_s() + timeout_s;
+    double deadline = cx_now_s() + timeout_s;
     for (unsigned spins = 0;; backoff(&spins)) {
         ncclResult_t state = ncclSuccess;
         ncclResult_t q = ncclCommGetAsyncError(comm, &state);
@@ -63,7 +57,7 @@ static ncclResult_t settle(ncclComm_t comm, ncclResult_t r, double timeout_s)
             return q;
         if (state != ncclInProgress)
             return state;
-        if (now_s() > deadline)
+        if (cx_now_s() > deadline)
             return ncclInProgress;
     }
 }
@@ -442,7 +436,7 @@ cfx_status cx_nccl_wait(cx_nccl *c, double timeout_s)
 {
     if (!c)
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cx_nccl_wait: NULL communicator");
-    double deadline = timeout_s < 0 ? -1.0 : now_s() + timeout_s;
+    double deadline = timeout_s < 0 ? -1.0 : cx_now_s() + timeout_s;
     for (unsigned spins = 0;;) {
         cudaError_t e = cudaStreamQuery(c->stream);
         if (e == cudaSuccess)
@@ -455,7 +449,7 @@ cfx_status cx_nccl_wait(cx_nccl *c, double timeout_s)
         cfx_status st = cx_nccl_check(c);
         if (st)
             return st;
-        if (deadline >= 0 && now_s() > deadline) {
+        if (deadline >= 0 && cx_now_s() > deadline) {
             c->failed = true;
             return cx_fail(CFX_ERR_TIMEOUT, "NCCL work on rank %d did not complete within %.1f s "
                            "(a peer may be gone); the communicator will be aborted", c->rank,

@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "exec/execute.h"
 #include "exec/shm.h"
@@ -419,13 +420,6 @@ cfx_status cx_context_shutdown(cfx_context *ctx)
 
 /* ---- waiting on the calling thread (loop.h, cx_loop_drive) ---------------------------------- */
 
-static double monotonic_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 cx_drive_result cx_context_drive(cfx_context *ctx, bool (*done)(void *), void *arg, double deadline_s)
 {
     cx_drive_result r = CX_DRIVE_BUSY;
@@ -450,11 +444,11 @@ static bool handle_done(void *arg)
 
 double cx_context_drive_for(cfx_context *ctx, bool (*done)(void *), void *arg, double timeout_s)
 {
-    double deadline = timeout_s < 0 ? INFINITY : monotonic_s() + timeout_s;
+    double deadline = timeout_s < 0 ? INFINITY : cx_now_s() + timeout_s;
     cx_drive_result r = cx_context_drive(ctx, done, arg, deadline);
     if (r == CX_DRIVE_TIMEOUT)
         return 0;
-    return timeout_s < 0 || r == CX_DRIVE_DONE ? timeout_s : fmax(0, deadline - monotonic_s());
+    return timeout_s < 0 || r == CX_DRIVE_DONE ? timeout_s : fmax(0, deadline - cx_now_s());
 }
 
 cfx_status cx_context_wait(cfx_context *ctx, cfx_handle handle, double timeout_s)

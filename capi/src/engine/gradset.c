@@ -222,7 +222,6 @@ bool cx_gradset_step_over(void *set_arg)
 
 cfx_status cx_gradset_wait(cfx_gradset *set, double timeout_s)
 {
-    cx_gradset_mark_unused(set);
     struct timespec deadline;
     clock_gettime(CLOCK_MONOTONIC, &deadline);
     if (timeout_s >= 0) {

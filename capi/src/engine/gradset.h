@@ -137,6 +137,7 @@ cfx_status cx_gradset_ready(cfx_gradset *set, int32_t index);
 void cx_gradset_mark_unused(cfx_gradset *set);
 /* Every bucket of this step was reduced, or the job failed (arg: the cfx_gradset). */
 bool cx_gradset_step_over(void *set);
+/* Waits for the step's buckets (marked already: cx_gradset_mark_unused) and ends the step. */
 cfx_status cx_gradset_wait(cfx_gradset *set, double timeout_s);
 /* After commit: every bucket IDLE with its full count. */
 void cx_gradset_reset_step(cfx_gradset *set);

@@ -12,6 +12,7 @@
 #include <sys/prctl.h>
 #endif
 
+#include "base/clock.h"
 #include "protocol/cache.h"
 #include "exec/device_exec.h"
 #include "engine/gradset.h"
@@ -74,13 +75,6 @@ struct cx_loop {
     bool tune_pending;
     cx_tune_params tune_next;
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static size_t words_for(size_t bits) { return (bits + 63) / 64; }
 
@@ -424,7 +418,7 @@ static void autotune_sample(cx_loop *L, const cx_response_list *responses)
     for (size_t i = 0; i < responses->count; i++)
         if (responses->items[i].status == CFX_OK && responses->items[i].coll == CX_ALLREDUCE)
             bytes += cx_response_bytes(&responses->items[i]);
-    if (cx_autotune_update(L->tuner, now_s(), bytes, &L->tune_next))
+    if (cx_autotune_update(L->tuner, cx_now_s(), bytes, &L->tune_next))
         L->tune_pending = true;
 }
 
@@ -433,7 +427,7 @@ static cfx_status cycle(cx_loop *L, bool *progress, bool *stop)
 {
     const cx_loop_env *env = &L->env;
     cx_transport *t = env->transport;
-    double now = now_s();
+    double now = cx_now_s();
     cfx_status st = CFX_OK;
     *progress = false;
 
@@ -591,12 +585,12 @@ static inline void cpu_relax(void)
 /* Polls for new work for up to budget_s; true when some arrived. */
 static bool spin_for_work(cx_queue *q, double budget_s)
 {
-    double end = now_s() + budget_s;
+    double end = cx_now_s() + budget_s;
     for (unsigned i = 0;; i++) {
         if (cx_queue_has_new(q))
             return true;
         cpu_relax();
-        if ((i & 31) == 31 && now_s() >= end)
+        if ((i & 31) == 31 && cx_now_s() >= end)
             return false;
     }
 }
@@ -641,7 +635,7 @@ cx_drive_result cx_loop_drive(cx_loop *L, bool (*done)(void *), void *arg, doubl
     double busy_since = -1;
     atomic_fetch_add(&L->drivers, 1);
     while (!done(arg)) {
-        double now = now_s();
+        double now = cx_now_s();
         if (now >= deadline_s) {
             result = CX_DRIVE_TIMEOUT;
             break;
@@ -711,7 +705,7 @@ void *cx_loop_main(void *arg)
         }
         if (!cx_queue_has_new(env->queue) && !shutdown) {
             bool caught = false;
-            if (now_s() - last_progress < SPIN_WINDOW_S) {
+            if (cx_now_s() - last_progress < SPIN_WINDOW_S) {
                 caught = spin_for_work(env->queue, spin_s);
                 spin_s = caught ? fmin(2 * spin_s, SPIN_MAX_S) : fmax(spin_s / 2, SPIN_MIN_S);
             }
@@ -744,7 +738,7 @@ void *cx_loop_main(void *arg)
         if (stop)
             break;
         if (progress)
-            last_progress = now_s();
+            last_progress = cx_now_s();
         idle_streak = progress ? 0 : idle_streak + 1;
         bool driven = atomic_exchange(&L->driven, 0); /* a waiter ran cycles since the last one */
         quiet_cycles = progress || driven || engine_busy(L) ? 0 : quiet_cycles + 1;

@@ -7,6 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/dtype.h"
 #include "base/error.h"
 #include "base/log.h"
@@ -78,13 +79,6 @@ struct cx_device {
 #endif
     char broken[CX_ERROR_MAX]; /* a local failure that outlives a batch: this rank's batches fail */
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Every device wait is bounded: CFX_STALL_TIMEOUT_S, or 600 s when that is 0 (never). */
 static double device_timeout(const cx_exec *x)
@@ -290,12 +284,12 @@ static bool stream_drained(cx_device *d, double limit)
 {
     if (!d->ev_done || d->stuck || cx_cuda_event_record(d->ev_done, d->stream))
         return false;
-    double deadline = now_s() + limit;
+    double deadline = cx_now_s() + limit;
     for (unsigned spins = 0;; spins++) {
         int done = 0;
         if (cx_cuda_event_query(d->ev_done, &done) || done)
             return done != 0;
-        if (now_s() > deadline)
+        if (cx_now_s() > deadline)
             return false;
         struct timespec ts = {0, spins < 64 ? 0 : 50000};
         nanosleep(&ts, NULL);
@@ -442,7 +436,7 @@ static cfx_status wait_event(cx_exec *x, cx_device *d, void *event)
 {
     if (d->stuck)
         return cx_fail(CFX_ERR_TIMEOUT, "%s", d->broken);
-    double limit = device_timeout(x), deadline = now_s() + limit;
+    double limit = device_timeout(x), deadline = cx_now_s() + limit;
     char failure[CX_ERROR_MAX] = "";
     cfx_status failed = CFX_OK;
     bool aborted = false;
@@ -459,10 +453,10 @@ static cfx_status wait_event(cx_exec *x, cx_device *d, void *event)
             snprintf(failure, sizeof failure, "%s", cx_error_message());
             abort_nccl(d);
             aborted = true;
-            deadline = now_s() + DRAIN_S;
+            deadline = cx_now_s() + DRAIN_S;
         }
 #endif
-        if (now_s() > deadline) {
+        if (cx_now_s() > deadline) {
 #if CFX_DEVICE_NCCL
             if (d->nccl && !aborted) { /* an NCCL kernel may wait for a peer: stop it */
                 if (!failed) {
@@ -474,7 +468,7 @@ static cfx_status wait_event(cx_exec *x, cx_device *d, void *event)
                 }
                 abort_nccl(d);
                 aborted = true;
-                deadline = now_s() + DRAIN_S;
+                deadline = cx_now_s() + DRAIN_S;
                 continue;
             }
 #endif

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/error.h"
 #include "kernels/compress.h"
 #include "kernels/reduce.h"
@@ -74,13 +75,6 @@ static uint8_t *slot(cx_shm *s, int buffer, int rank)
     return s->slots + ((size_t)buffer * (size_t)s->nlocal + (size_t)rank) * s->chunk;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void futex_wait(atomic_uint *word, unsigned value)
 {
     struct timespec limit = {0, 50 * 1000 * 1000}; /* a bound, not a poll: the waker wakes us */
@@ -113,8 +107,8 @@ static void barrier(cx_shm *s)
             if (spins < 128)
                 continue;
             if (until == 0)
-                until = now_s() + BARRIER_YIELD_S;
-            if (spins % 64 || now_s() < until) {
+                until = cx_now_s() + BARRIER_YIELD_S;
+            if (spins % 64 || cx_now_s() < until) {
                 sched_yield();
                 continue;
             }

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "base/error.h"
 
 cfx_status cx_handles_init(cx_handles *h)
@@ -201,20 +202,13 @@ cfx_status cx_handles_poll(cx_handles *h, cfx_handle handle, int *out)
     return s ? CFX_OK : stale(handle);
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* Completion of a small collective comes within microseconds: spin briefly (yielding) before
  * sleeping, since a condition-variable wake-up alone costs tens of microseconds. */
 #define WAIT_SPIN_S 50e-6
 
 cfx_status cx_handles_wait(cx_handles *h, cfx_handle handle, double timeout_s)
 {
-    double start = now_s();
+    double start = cx_now_s();
     double deadline = timeout_s < 0 ? INFINITY : start + timeout_s;
     pthread_mutex_lock(&h->mu);
     cx_slot *s = lookup_user(h, handle);
@@ -225,8 +219,8 @@ cfx_status cx_handles_wait(cx_handles *h, cfx_handle handle, double timeout_s)
     pthread_mutex_unlock(&h->mu);
     /* The slot pointer stays valid while the handle is not released; a concurrent release by the
      * caller's own other thread is a misuse the generation check below still catches. */
-    while (!atomic_load_explicit(&s->done, memory_order_acquire) && now_s() - start < WAIT_SPIN_S &&
-           now_s() < deadline)
+    while (!atomic_load_explicit(&s->done, memory_order_acquire) && cx_now_s() - start < WAIT_SPIN_S &&
+           cx_now_s() < deadline)
         sched_yield();
     pthread_mutex_lock(&h->mu);
     for (;;) {
@@ -237,7 +231,7 @@ cfx_status cx_handles_wait(cx_handles *h, cfx_handle handle, double timeout_s)
         }
         if (atomic_load(&s->done))
             break;
-        double now = now_s();
+        double now = cx_now_s();
         if (now >= deadline) {
             pthread_mutex_unlock(&h->mu);
             return cx_fail(CFX_ERR_TIMEOUT, "handle %llu still pending after %.3f s",
