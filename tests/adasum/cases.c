@@ -466,7 +466,7 @@ static int ad_case_errors(cfx_context *ctx)
     cfx_gradset_free(set);
     CASE_CHECK(strcmp(cfx_op_name(CFX_OP_ADASUM), "adasum") == 0, "op name %s",
              cfx_op_name(CFX_OP_ADASUM));
-    return failures;
+    return failures + case_settle(ctx);
 }
 
 /* An Adasum batch that rank 1 fails before its collective (CFX_TEST_FAIL=1:ad.fail, set by the

@@ -1,5 +1,6 @@
 /* cases - the compression scenarios shared by the thread-rank and mpirun tests (see cases.h). */
 #include "cases.h"
+#include "../common/case_check.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -179,9 +180,55 @@ static int run_one(cfx_context *ctx, cfx_compression c, int compressed, int t, c
     return failures;
 }
 
+/* Rounded once: element i's combine members (the hosts when the cross-host leg compresses, else
+ * every rank) contribute big_i from member i % members and e_i from each of the others, with
+ * e_i just under half a 16-bit ulp of big_i over (members - 1.5): exact in float32, their sum
+ * rounds to big_i + ulp, while any order of combines that rounds big_i + e_i (or big_i + 2 e_i)
+ * on its way gets big_i. Every element's bits are checked; uncompressed, the exact sum. */
+static int rounded_once(cfx_context *ctx, cfx_compression c, int compressed)
+{
+    int failures = 0, size = cfx_size(ctx);
+    int hier = compressed && cfx_cross_size(ctx) > 1 && cfx_local_size(ctx) > 1;
+    int members = hier ? cfx_cross_size(ctx) : size, me = hier ? cfx_cross_rank(ctx) : cfx_rank(ctx);
+    int lead = hier ? cfx_local_rank(ctx) == 0 : 1; /* one rank a member contributes */
+    int digits = is_bf16(c) ? 8 : 11;                  /* significand bits of the 16-bit form */
+    double frac = members > 1 ? floor(64 * 0.5 / (members - 1.5)) / 64 : 0; /* of an ulp */
+    enum { N = 4096 };
+    static _Thread_local float in[N], out[N];
+    for (size_t i = 0; i < N; i++) {
+        double big = ldexp(i % 2 ? -1.0 : 1.0, (int)(i / 2 % 7) - 3);
+        double e = frac * ldexp(fabs(big), 1 - digits) * (big < 0 ? -1 : 1);
+        in[i] = !lead ? 0.0f : (int)(i % (size_t)members) == me ? (float)big : (float)e;
+    }
+    int64_t shape = N;
+    cfx_tensor tensor = {in, &shape, 1, CFX_FLOAT32, CFX_DEVICE_CPU, NULL};
+    cfx_allreduce_options o;
+    CZ_OK(cfx_allreduce_options_init(&o, CFX_ALLREDUCE_OPTIONS_VERSION));
+    o.op = CFX_OP_SUM;
+    o.compression = (int32_t)c;
+    cfx_handle h = 0;
+    CZ_OK(cfx_allreduce_async_opts(ctx, "cz.rounded_once", &tensor, out, &o, &h));
+    CZ_OK(cfx_wait(ctx, h, 60.0));
+    if (h)
+        cfx_handle_release(ctx, h);
+    int bad = 0;
+    for (size_t i = 0; i < N; i++) {
+        double big = ldexp(i % 2 ? -1.0 : 1.0, (int)(i / 2 % 7) - 3);
+        double ulp = ldexp(fabs(big), 1 - digits), tail = (members - 1) * frac;
+        double want = !compressed ? big + (big < 0 ? -tail : tail) * ulp
+                      : tail > 0.5 ? big + (big < 0 ? -ulp : ulp) : big;
+        if ((double)out[i] != want && bad++ < 3)
+            fprintf(stderr, "rank %d: rounded once, element %zu over %d members: %.9g, expected "
+                    "%.9g (%s)\n", cfx_rank(ctx), i, members, (double)out[i], want,
+                    compressed ? "one rounding of the float32 sum" : "the exact sum");
+    }
+    CZ_CHECK(bad == 0, "rounded once over %d members: %d of %d elements off", members, bad, N);
+    return failures;
+}
+
 int cz_case_allreduce(cfx_context *ctx, cfx_compression c, int compressed)
 {
-    int failures = 0;
+    int failures = rounded_once(ctx, c, compressed);
     failures += run_one(ctx, c, compressed, 0, CFX_FLOAT32, 300000, CFX_OP_SUM, 1.0, 1.0);
     failures += run_one(ctx, c, compressed, 1, CFX_FLOAT64, 70001, CFX_OP_SUM, 1.0, 1.0);
     failures += run_one(ctx, c, compressed, 2, CFX_FLOAT32, 17, CFX_OP_AVERAGE, 0.5, 3.0);
@@ -413,11 +460,5 @@ int cz_case_errors(cfx_context *ctx)
     go.compression = -1;
     CZ_CHECK(cfx_gradset_create(ctx, "cz.badset", &go, &set) == CFX_ERR_INVALID_ARGUMENT,
              "compression -1 accepted");
-    /* Only local checks above: a rank that finished them must not shut the job down (its context
-     * goes when the case returns) while another rank is still making them. */
-    cfx_handle h = 0;
-    CZ_OK(cfx_barrier_async(ctx, &h));
-    CZ_OK(cfx_wait(ctx, h, 60.0));
-    cfx_handle_release(ctx, h);
-    return failures;
+    return failures + case_settle(ctx);
 }

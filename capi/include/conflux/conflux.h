@@ -272,8 +272,8 @@ CFX_API cfx_status cfx_allreduce_async(cfx_context *ctx, const char *name, const
 
 /* Gradient compression on the wire (since 1.1): float32 and float64 tensors travel as 16-bit
  * floats where bytes are expensive, the cross-host leg of the hierarchical path; each rank's
- * values are rounded once when packed, combined in float32 and the result unpacked to the
- * tensor's dtype (docs/c-api.md "Compression"). The _EVERYWHERE values compress every leg that
+ * values are rounded once when packed, combined in float32, the combination rounded once
+ * (whatever the number of hosts) and unpacked to the tensor's dtype (docs/c-api.md "Compression"). The _EVERYWHERE values compress every leg that
  * goes over the transport; CFX_COMPRESSION_EVERYWHERE=1 in the environment makes FP16 and BF16
  * mean them. */
 typedef enum cfx_compression {

@@ -11,6 +11,7 @@
 #include "kernels/compress.h"
 #include "kernels/reduce.h"
 #include "exec/adasum.h"
+#include "exec/combine16.h"
 #include "exec/shm.h"
 #include "observe/timeline.h"
 
@@ -269,8 +270,8 @@ static cfx_status reserve_ordered(cx_exec *x, size_t n, size_t esize)
 }
 
 /* reduce_chunks with compression on this leg: each chunk packed into the 16-bit `half` with the
- * prescale fused in, allreduced by the transport in float32 (its 16-bit ops widen and round
- * back), unpacked with the postscale fused in. */
+ * prescale fused in, combined over the ranks in float32 and rounded once (exec/combine16.h),
+ * unpacked with the postscale fused in. */
 static cfx_status compressed_chunks(cx_exec *x, const void *src, void *dst, size_t n,
                                     cfx_dtype dtype, cfx_reduce_op op, double prescale,
                                     double postscale, cfx_dtype half)
@@ -278,13 +279,17 @@ static cfx_status compressed_chunks(cx_exec *x, const void *src, void *dst, size
     cx_transport *t = x->transport;
     size_t esize = cfx_dtype_size(dtype);
     size_t step = elements_per_chunk(x, esize);
-    cfx_status st = reserve(&x->scratch, &x->scratch_cap, (n < step ? n : step) * 2 + 2);
+    size_t most = n < step ? n : step;
+    size_t packed = (most * 2 + 15) / 16 * 16; /* the packed chunk, then combine16's scratch */
+    cfx_status st = reserve(&x->scratch, &x->scratch_cap,
+                            packed + cx_combine16_scratch_bytes(most, t->size));
     for (size_t off = 0; off < n && !st; off += step) {
         size_t len = n - off < step ? n - off : step;
         void *residual = x->residual ? (char *)x->residual + off * esize : NULL;
         cx_compress_pack(x->scratch, (const char *)src + off * esize, residual, len, dtype, half,
                          prescale);
-        st = t->ops->allreduce(t, x->scratch, len, half, op);
+        st = cx_combine16(t, CX_GROUP_WORLD, x->scratch, len, half, op,
+                          (char *)x->scratch + packed);
         if (!st)
             cx_compress_unpack((char *)dst + off * esize, x->scratch, len, dtype, half, postscale);
     }

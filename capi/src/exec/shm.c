@@ -19,6 +19,7 @@
 #include "base/error.h"
 #include "kernels/compress.h"
 #include "kernels/reduce.h"
+#include "exec/combine16.h"
 #include "exec/shared_pool.h"
 
 #define CACHE_LINE 64
@@ -64,7 +65,8 @@ struct cx_shm {
     uint64_t *peer_sizes;  /* [nlocal] their sizes, for munmap */
     uint8_t *strip;        /* OWN_STRIP_BYTES of private scratch for the direct path */
     uint8_t *piece;        /* a chunk of private scratch: its hierarchical form's block */
-    uint16_t *wire16;      /* half a chunk, made on first use: a compressed cross-host block */
+    uint16_t *wire16;      /* made on first use: a compressed cross-host block, then the scratch of
+                            * its once-rounded combine (exec/combine16.h) */
     char direct_off[512];  /* why the direct path is off */
 };
 
@@ -464,19 +466,23 @@ static void direct_write(const cx_shm *s, const cx_segment *segs, batch_pos *p, 
 }
 
 /* The cross-host leg of this rank's block (`count` elements of `buf`, in place): in the tensor's
- * dtype, or with `wire` >= 0 packed into that 16-bit dtype, combined by the transport in float32
- * (its 16-bit ops widen, add and round back) and unpacked. The block is chunk-sized and was just
+ * dtype, or with `wire` >= 0 packed into that 16-bit dtype, combined over the hosts in float32
+ * and rounded once (exec/combine16.h), and unpacked. The block is chunk-sized and was just
  * reduced, so both conversions run on cache-resident data. */
 static cfx_status cross_leg(cx_shm *s, cx_transport *t, void *buf, size_t count, cfx_dtype dtype,
                             cfx_reduce_op op, int wire, void *residual)
 {
     if (wire < 0)
         return t->ops->cross_allreduce(t, buf, count, dtype, op);
-    if (!s->wire16 && !(s->wire16 = malloc(s->chunk / 2 + sizeof(uint16_t))))
+    /* A block holds at most a chunk of 4-byte elements: packed, then combine16's scratch. */
+    size_t most = s->chunk / 4 + 1, packed = (most * 2 + 15) / 16 * 16;
+    size_t bytes = packed + cx_combine16_scratch_bytes(most, t->cross_size);
+    if (!s->wire16 && !(s->wire16 = malloc(bytes)))
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for a compressed block (%zu bytes)",
-                       s->chunk / 2);
+                       bytes);
     cx_compress_pack(s->wire16, buf, residual, count, dtype, (cfx_dtype)wire, 1.0);
-    cfx_status st = t->ops->cross_allreduce(t, s->wire16, count, (cfx_dtype)wire, op);
+    cfx_status st = cx_combine16(t, CX_GROUP_CROSS, s->wire16, count, (cfx_dtype)wire, op,
+                                 (char *)s->wire16 + packed);
     if (!st)
         cx_compress_unpack(buf, s->wire16, count, dtype, (cfx_dtype)wire, 1.0);
     return st;
