@@ -22,11 +22,12 @@ def last_cfxrun_line(output):
     return lines[-1]
 
 
-def lose_host_b(which):
-    """Runs cfx_host_loss on a:2,b:2, kills `which` of host b's processes (the ranks, or every
-    process there) once every rank has completed a checked step, and returns what happened."""
+def lose_host_b(which, *mode):
+    """Runs cfx_host_loss on a:2,b:2 (`mode`: "gradset" for gradient-set steps), kills `which` of
+    host b's processes (the ranks, or every process there) once every rank has completed a checked
+    step, and returns what happened."""
     run = Running(command=[CFXRUN, "--timeout", "150", "-np", "4", "-H", "a:2,b:2", "--",
-                           HOST_LOSS, "120"])
+                           HOST_LOSS, "120", *mode])
     run.wait_for(r"^host_loss: rank \d of 4 on [ab] ready$", count=4)
     comm = os.path.basename(HOST_LOSS)[:15]
     survivors = run.pids_on("a", comm)
@@ -47,6 +48,15 @@ def lose_host_b(which):
 @needs_host_loss
 def test_host_ranks_die():
     out = lose_host_b("ranks")
+    line = last_cfxrun_line(out)
+    assert re.fullmatch(r"cfxrun: job failed with exit status \d+: rank [23] on b died of signal 9 "
+                        r"\(Killed\)", line), out
+
+
+@needs_host_loss
+def test_host_ranks_die_during_gradient_set_steps():
+    # The survivors are inside cfx_gradset_wait (or between steps) when the peers go.
+    out = lose_host_b("ranks", "gradset")
     line = last_cfxrun_line(out)
     assert re.fullmatch(r"cfxrun: job failed with exit status \d+: rank [23] on b died of signal 9 "
                         r"\(Killed\)", line), out
