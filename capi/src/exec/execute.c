@@ -177,6 +177,7 @@ void cx_exec_destroy(cx_exec *x)
     x->adasum = NULL;
     free(x->fusion);
     free(x->scratch);
+    free(x->segs);
     x->fusion = x->scratch = NULL;
 }
 
@@ -397,6 +398,26 @@ static void timeline_negotiated(cx_exec *x, const cx_response_list *responses)
     }
 }
 
+/* Appends `count` elements at src/dst (NULL for a joined rank's identity) to the first `n`
+ * segments and returns the new number: a tensor that continues the last one in memory, input and
+ * output alike, extends it. A gradient set's owned bucket (contiguous on every rank) becomes one
+ * segment, however many gradients it holds, and so stays within the direct path's segment limit;
+ * the direct path checks that every local rank cut its batch alike (exec/shm.c). */
+static size_t add_segment(cx_segment *segs, size_t n, const void *src, void *dst, size_t count,
+                          size_t esize)
+{
+    cx_segment *last = n ? &segs[n - 1] : NULL;
+    size_t bytes = last ? last->count * esize : 0;
+    if (last && (src ? last->src && (const char *)last->src + bytes == (const char *)src
+                     : !last->src) &&
+        (dst ? last->dst && (char *)last->dst + bytes == (char *)dst : !last->dst)) {
+        last->count += count;
+        return n;
+    }
+    segs[n] = (cx_segment){src, dst, count};
+    return n + 1;
+}
+
 cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_allreduce_batch *b, double *tl)
 {
     const cx_response *items = b->items;
@@ -423,19 +444,17 @@ cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_allreduce_batch *b, doubl
     cfx_status st = CFX_OK;
     if (use_shm(x)) {
         /* Straight from the tensors into shared memory and back: no fusion buffer. */
-        cx_segment stack_segs[16];
-        cx_segment *segs = n <= 16 ? stack_segs : malloc(n * sizeof *segs);
-        if (!segs)
-            st = cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for %zu segments", n);
-        for (size_t i = 0; segs && i < n; i++) {
-            segs[i].src = entries[i] ? entries[i]->input : NULL;
-            segs[i].dst = entries[i] ? entries[i]->output : NULL;
-            segs[i].count = (size_t)cx_shape_elements(items[i].ndim, items[i].shape);
-        }
+        size_t nsegs = 0;
+        st = reserve(&x->segs, &x->segs_cap, n * sizeof(cx_segment));
+        cx_segment *segs = x->segs;
+        for (size_t i = 0; !st && i < n; i++)
+            nsegs = add_segment(segs, nsegs, entries[i] ? entries[i]->input : NULL,
+                                entries[i] ? entries[i]->output : NULL,
+                                (size_t)cx_shape_elements(items[i].ndim, items[i].shape), esize);
         st = cx_exec_agree(x, st, CX_AGREE_READY, name, NULL);
         if (!st) {
             TL_STAMP(tl, 1);
-            st = cx_shm_allreduce_wire(x->shm, x->transport, segs, n, dtype, op, pre, post,
+            st = cx_shm_allreduce_wire(x->shm, x->transport, segs, nsegs, dtype, op, pre, post,
                                        x->hierarchical, cx_compression_leg(wire, dtype, true),
                                        x->residual);
             TL_STAMP(tl, 2);
@@ -451,8 +470,6 @@ cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_allreduce_batch *b, doubl
                            "shared tensor memory (%s): they take the copies", why);
             }
         }
-        if (segs != stack_segs)
-            free(segs);
     } else if (n == 1 && entries[0]) {
         cx_entry *e = entries[0];
         st = cx_exec_agree(x, reserve_ordered(x, total, esize), CX_AGREE_READY, name, NULL);

@@ -34,6 +34,8 @@ typedef struct cx_exec {
     size_t fusion_cap;
     void *scratch;        /* staging for deterministic reductions and joined ranks */
     size_t scratch_cap;
+    void *segs;           /* the shared-memory path's segment list (cx_segment), grown on demand */
+    size_t segs_cap;
     struct cx_shm *shm;   /* the shared-memory path (owned by the context), or NULL */
     void *residual;       /* set by a gradient set with error feedback for one batch: what
                              rounding took from each element this rank packs (kernels/compress.h) */

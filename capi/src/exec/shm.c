@@ -33,7 +33,9 @@ typedef struct shm_control {
 } shm_control;
 
 /* Each local rank's offer of a batch for the direct path: whether all of its tensors lie in its
- * shared pool, and where (offsets into the pool), segment by segment. Written before a batch's
+ * shared pool, and where (offsets into the pool), segment by segment, with each segment's length
+ * (a rank cuts its batch into segments by where its tensors lie, so the cuts must be checked to be
+ * the same on every local rank before one rank reads another's segment i). Written before a batch's
  * first barrier, read by the peers right after it; the next batch rewrites it only after another
  * barrier, so no reader sees it change. */
 #define DIRECT_MAX_SEGS 4096
@@ -41,7 +43,7 @@ typedef struct direct_offer {
     uint32_t ok, nsegs;
     uint32_t mapped;        /* set up: 1 when this rank mapped every peer's pool, 2 when it could not */
     cx_pool_export pool;    /* where the peers map this rank's pool (written with the first offer) */
-    struct { uint64_t src, dst; } at[DIRECT_MAX_SEGS];
+    struct { uint64_t src, dst, count; } at[DIRECT_MAX_SEGS];
 } direct_offer;
 
 /* The direct path is set up on the first batch every local rank offers (all see the same batches,
@@ -397,6 +399,7 @@ static bool offer_direct(cx_shm *s, const cx_segment *segs, size_t nsegs, size_t
     for (size_t i = 0; i < nsegs && ok; i++) {
         size_t bytes = segs[i].count * esize;
         o->at[i].src = o->at[i].dst = 0;
+        o->at[i].count = segs[i].count;
         if (bytes)
             ok = segs[i].src && segs[i].dst && cx_pool_offset(segs[i].src, bytes, &o->at[i].src) &&
                  cx_pool_offset(segs[i].dst, bytes, &o->at[i].dst);
@@ -407,6 +410,22 @@ static bool offer_direct(cx_shm *s, const cx_segment *segs, size_t nsegs, size_t
     o->nsegs = (uint32_t)(ok ? nsegs : 0);
     o->ok = ok;
     return ok;
+}
+
+/* Whether every local rank's offer cut the batch into the same segments as local rank 0's (each
+ * rank reads the same offers, so all decide alike). */
+static bool same_cuts(const cx_shm *s)
+{
+    const direct_offer *first = &s->offers[0];
+    for (int q = 1; q < s->nlocal; q++) {
+        const direct_offer *o = &s->offers[q];
+        if (o->nsegs != first->nsegs)
+            return false;
+        for (uint32_t i = 0; i < o->nsegs; i++)
+            if (o->at[i].count != first->at[i].count)
+                return false;
+    }
+    return true;
 }
 
 /* A position in the batch for the direct path: segment `seg` holds elements [start, start +
@@ -573,10 +592,11 @@ cfx_status cx_shm_allreduce_wire(cx_shm *s, cx_transport *t, const cx_segment *s
         if (off == 0 && offers) {
             int takers = 0;
             for (int q = 0; q < s->nlocal; q++)
-                takers += s->offers[q].ok && s->offers[q].nsegs == nsegs;
-            if (takers == s->nlocal && s->direct == DIRECT_UNTRIED)
+                takers += s->offers[q].ok != 0;
+            bool all_take = takers == s->nlocal && same_cuts(s);
+            if (all_take && s->direct == DIRECT_UNTRIED)
                 setup_direct(s);
-            if (takers == s->nlocal && s->direct == DIRECT_READY)
+            if (all_take && s->direct == DIRECT_READY)
                 return direct_allreduce(s, t, segs, n, dtype, op, postscale, hierarchical,
                                         wire, residual);
             if (takers) { /* some ranks skipped their copy in */
