@@ -11,7 +11,9 @@ rows in the C benchmark's CSV format (--raw) with methods:
   torch_conflux_optimizer  model and many-tensor workloads: conflux.torch.DistributedOptimizer (op Sum,
                  default gradient storage: each .grad a view into its gradient set) over parameters of the
                  workload's shapes; a step calls the optimizer's hooks as backward does once it accumulated
-                 each gradient, in reverse registration order, then synchronize() (the C row: conflux_gradset)
+                 each gradient, in reverse registration order, then synchronize() (the C row: conflux_gradset).
+                 Hooks in C++ (conflux._torch_hooks) are called from C++ as autograd calls them (fire_all),
+                 Python hooks from Python as autograd calls those
   torch_c_gradset  the C gradient-set step (conflux_gradset's) on such an optimizer's set, from C in
                  this process, timed in the same rounds: the reference of the optimizer rows
   torch_hvd_optimizer  the same step through conflux.horovod.torch's DistributedOptimizer (its gradient
@@ -146,7 +148,8 @@ def make_conflux_step(cfx, tensors, names):
 def make_optimizer(module, w):
     """torch_conflux_optimizer (module conflux.torch) and torch_hvd_optimizer (conflux.horovod.torch):
     the gradients (the .grad views into the optimizer's gradient set) and a step that runs the hooks
-    autograd runs after accumulating each gradient, last parameter first, then synchronize(). One real
+    autograd runs after accumulating each gradient, last parameter first (C++ hooks from C++, Python
+    ones from Python, as autograd calls each), then synchronize(). One real
     backward pass first (hvd's optimizer learns from it which gradients are sparse: none). The optimizer
     goes with the step (its sets are freed with the views)."""
     params = [torch.nn.Parameter(torch.zeros(*d, dtype=torch.float32)) for _, d in w["tensors"]]
@@ -158,11 +161,17 @@ def make_optimizer(module, w):
     hooks = [h for s in opt._sets for h in s.hooks][::-1]
     if len(hooks) != len(params):
         raise AssertionError("%s: %d of %d gradients in gradient sets" % (module.__name__, len(hooks), len(params)))
-
-    def step():
-        for hook in hooks:
-            hook()
-        opt.synchronize()
+    native = [s.native_hooks for s in opt._sets][::-1]
+    if all(native):  # C++ hooks: autograd calls them from C++, so does this, last first
+        def step():
+            for n in native:
+                n.fire_all()
+            opt.synchronize()
+    else:
+        def step():
+            for hook in hooks:
+                hook()
+            opt.synchronize()
     step.optimizer = opt
     return [p.grad for p in params], step
 

@@ -5,8 +5,9 @@ named_parameters (ranks may register in different orders), and commits it: colle
 rank's names, dtypes and shapes checked. With the default storage ("conflux") each CPU parameter's
 .grad becomes a view into the set's owned storage (shared tensor memory laid out by bucket), so
 backward accumulates straight into the buffers the engine reduces in place. A hook that runs once
-backward accumulated a gradient marks it ready (the SWIG entry itself, no Python layer between);
-a bucket goes out when its last gradient is ready, while backward goes on; step() and
+backward accumulated a gradient marks it ready: in C++ where the build has conflux._torch_hooks
+(bindings/python/torch_hooks.cpp, no Python per gradient), else a Python hook calling the SWIG
+entry itself; a bucket goes out when its last gradient is ready, while backward goes on; step() and
 synchronize() wait for the set. The views stay across zero_grad(), also with set_to_none=True.
 
 What a gradient set cannot carry goes through the per-call path (an allreduce_async_ per
@@ -24,6 +25,7 @@ op=Adasum with more than one rank is _AdasumOptimizer instead, Horovod's Adasum 
 local update's delta of each parameter is what Adasum combines.
 """
 import contextlib
+import functools
 import itertools
 import math
 import warnings
@@ -38,6 +40,11 @@ from . import torch as _cfx
 from .gradset import _Native, _View
 from .torch import (FP16Compressor, NoneCompressor, Adasum, Average, Max, Min, Product, Sum,
                     _check_dtype, _compressible, allreduce_async_, size)
+
+try:  # the hooks in C++ (bindings/python/torch_hooks.cpp), where the build has them
+    from . import _torch_hooks
+except ImportError:
+    _torch_hooks = None
 
 STORAGES = ("conflux", "framework")
 _set_serials = weakref.WeakKeyDictionary()  # context -> the numbers of its optimizers' sets
@@ -138,7 +145,7 @@ class _GradSet:
                                                                tuple(p.shape)))
             assert index == i
         _capi.cfx_gradset_commit(native.ptr)  # MismatchError on every rank names the gradient
-        self.fired = [False] * len(entries)
+        self._fired = [False] * len(entries)  # the Python hooks' record (native_hooks: its own)
         self._clear = [False] * len(entries)
         self.views = []   # (p, buffer): the buffer is p.grad
         self.hooks = []   # per gradient, what backward calls once it accumulated it
@@ -149,13 +156,30 @@ class _GradSet:
                 buf.copy_(p.grad)
             p.grad = buf
             self.views.append((p, buf))
-            hook = _view_hook(ptr, i, self.fired, p, buf)
+        self.params = [p for _, p in entries]
+        # C++ hooks where the build has them: what a Python hook does, without the interpreter.
+        self.native_hooks = None
+        if _torch_hooks is not None and self.params:
+            self.native_hooks = _torch_hooks.Hooks(int(ptr), self.params,
+                                                   [buf for _, buf in self.views])
+            handles.append(self.native_hooks)  # .remove() takes them off
+            self.hooks = [functools.partial(self.native_hooks.fire, i)
+                          for i in range(len(entries))]
+            return
+        for i, (p, buf) in enumerate(self.views):
+            hook = _view_hook(ptr, i, self._fired, p, buf)
             self.hooks.append(hook)
             handles.append(_after_accumulation(p, hook, nodes))
-        self.params = [p for _, p in entries]
+
+    @property
+    def fired(self):
+        """Per gradient, whether its hook ran this step."""
+        return self.native_hooks.fired() if self.native_hooks is not None else self._fired
 
     def pending(self):
-        return any(self.fired)
+        if self.native_hooks is not None:
+            return self.native_hooks.fired_any()
+        return any(self._fired)
 
     def readopt(self):
         """Gives every parameter whose .grad was replaced (zero_grad(set_to_none=True), ...) its
@@ -167,10 +191,15 @@ class _GradSet:
     def wait(self):
         """Ends the step: what the hooks did not mark goes out as it is (zeros after zero_grad),
         then the results are in place."""
-        fired = self.fired
-        if not all(fired):
-            self.readopt()
-        fired[:] = self._clear
+        if self.native_hooks is not None:
+            if not self.native_hooks.fired_all():
+                self.readopt()
+            self.native_hooks.clear()
+        else:
+            fired = self._fired
+            if not all(fired):
+                self.readopt()
+            fired[:] = self._clear
         _wait(self.native.ptr, -1.0)
 
 

@@ -13,7 +13,22 @@ torch = pytest.importorskip("torch", reason="python3-torch is not installed")
 
 import conflux
 import conflux.torch as cfx
+from conflux import torch_optimizer
 from conftest import contribution, expected_reduce, tolerance
+
+NATIVE_HOOKS = torch_optimizer._torch_hooks
+
+
+@pytest.fixture(autouse=True, params=["c++ hooks", "python hooks"])
+def hooks(request, monkeypatch):
+    """Every test twice: with the optimizer's hooks in C++ (conflux._torch_hooks, where the build
+    has them) and with the same hooks in Python (the fallback)."""
+    if request.param == "python hooks":
+        monkeypatch.setattr(torch_optimizer, "_torch_hooks", None)
+    elif NATIVE_HOOKS is None:
+        pytest.skip("conflux._torch_hooks is not built (CONFLUX_WITH_TORCH_HOOKS: libtorch-dev "
+                    "and pybind11-dev): only the Python hooks run")
+    return request.param
 
 # name, shape, dtype: mixed dtypes (several buckets), a scalar, half precision
 GRADS = [
@@ -408,3 +423,18 @@ def test_sparse_gradients_accumulate_into_the_dense_view(rank, size):
         opt.step()
         assert not emb.weight.grad.is_sparse and shared(emb.weight.grad)
         np.testing.assert_allclose(emb.weight.grad.numpy(), want, rtol=1e-6)
+
+
+def test_hooks_in_use(rank, hooks):
+    """The sets' hooks are the C++ ones where they are built, the Python ones otherwise; both
+    record what fired the same way."""
+    params = make_params()
+    opt = make_opt(params, rank)
+    for s in opt._sets:
+        assert (s.native_hooks is not None) == (hooks == "c++ hooks"), hooks
+        assert len(s.hooks) == len(s.params) and not any(s.fired)
+    backward(params, rank, 0, skip={1})
+    fired = {p: f for s in opt._sets for p, f in zip(s.params, s.fired)}
+    assert [fired[p] for _, p in params] == [gid != 1 for gid in range(len(params))]
+    opt.step()
+    assert not any(f for s in opt._sets for f in s.fired)
