@@ -178,7 +178,8 @@ void cx_exec_destroy(cx_exec *x)
     free(x->fusion);
     free(x->scratch);
     free(x->segs);
-    x->fusion = x->scratch = NULL;
+    x->fusion = x->scratch = x->segs = NULL;
+    x->fusion_cap = x->scratch_cap = x->segs_cap = 0;
 }
 
 void cx_exec_complete(cx_exec *x, cx_entry *e, cfx_status status, const char *message)
