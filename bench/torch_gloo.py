@@ -12,8 +12,8 @@ rows in the C benchmark's CSV format (--raw) with methods:
                  default gradient storage: each .grad a view into its gradient set) over parameters of the
                  workload's shapes; a step calls the optimizer's hooks as backward does once it accumulated
                  each gradient, in reverse registration order, then synchronize() (the C row: conflux_gradset).
-                 Hooks in C++ (conflux._torch_hooks) are called from C++ as autograd calls them (fire_all),
-                 Python hooks from Python as autograd calls those
+                 Hooks in C++ (conflux._torch_hooks) are called from C++ as autograd calls them, Python
+                 hooks from Python as autograd calls those (the set's fire_all)
   torch_c_gradset  the C gradient-set step (conflux_gradset's) on such an optimizer's set, from C in
                  this process, timed in the same rounds: the reference of the optimizer rows
   torch_hvd_optimizer  the same step through conflux.horovod.torch's DistributedOptimizer (its gradient
@@ -158,20 +158,15 @@ def make_optimizer(module, w):
     sum(p.sum() for p in params).backward()
     opt.synchronize()
     opt.zero_grad()
-    hooks = [h for s in opt._sets for h in s.hooks][::-1]
-    if len(hooks) != len(params):
-        raise AssertionError("%s: %d of %d gradients in gradient sets" % (module.__name__, len(hooks), len(params)))
-    native = [s.native_hooks for s in opt._sets][::-1]
-    if all(native):  # C++ hooks: autograd calls them from C++, so does this, last first
-        def step():
-            for n in native:
-                n.fire_all()
-            opt.synchronize()
-    else:
-        def step():
-            for hook in hooks:
-                hook()
-            opt.synchronize()
+    hooked = sum(len(s.hooks) for s in opt._sets)
+    if hooked != len(params):
+        raise AssertionError("%s: %d of %d gradients in gradient sets" % (module.__name__, hooked, len(params)))
+    sets = opt._sets[::-1]
+
+    def step():
+        for s in sets:  # C++ hooks from C++, Python ones from Python, as autograd calls each
+            s.fire_all()
+        opt.synchronize()
     step.optimizer = opt
     return [p.grad for p in params], step
 

@@ -7,12 +7,13 @@
  * 0.1 us. Built where Debian's libtorch-dev and pybind11-dev are installed
  * (CONFLUX_TORCH_HOOKS); without it the optimizer registers the same hooks in Python.
  *
- * Hooks(set_address, params, views): views[i] is params[i]'s buffer in the set's owned storage
- * (its .grad). Each time backward has accumulated params[i]'s gradient the hook:
+ * Hooks(set_address, params, views, refused): views[i] is params[i]'s buffer in the set's owned
+ * storage (its .grad). Each time backward has accumulated params[i]'s gradient the hook:
  *  - gives params[i] its view back if .grad is no longer it (zero_grad(set_to_none=True), a
  *    gradient the user assigned: the view takes its values, zeros for None, a sparse one added);
- *  - marks i fired and calls cfx_gradset_ready(set, i); a refusal (more passes than
- *    backward_passes_per_step) raises AssertionError from backward(), with the engine's message.
+ *  - marks i fired and calls cfx_gradset_ready(set, i); on a refusal it calls
+ *    refused(status, message), which raises what the Python hooks raise (torch_optimizer's
+ *    _refused), and backward() raises that.
  * fired() / fired_any() / fired_all() / clear() tell and reset which gradients fired this step; remove()
  * takes the hooks off (also when the object goes). The AccumulateGrad nodes are held here: the
  * graph reuses a parameter's node only while something keeps it alive.
@@ -27,6 +28,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -52,9 +54,9 @@ struct ReadyHook : torch::autograd::FunctionPostHook {
 class Hooks {
 public:
     Hooks(std::uintptr_t set_address, const std::vector<at::Tensor> &params,
-          const std::vector<at::Tensor> &views)
+          const std::vector<at::Tensor> &views, py::object refused)
         : set_(reinterpret_cast<cfx_gradset *>(set_address)), params_(params), views_(views),
-          fired_(params.size(), 0)
+          refused_(std::move(refused)), fired_(params.size(), 0)
     {
         if (params.size() != views.size())
             throw std::invalid_argument("Hooks: one view per parameter");
@@ -87,16 +89,15 @@ public:
         fired_[i] = 1;
         cfx_status st = cfx_gradset_ready(set_, i);
         if (st != CFX_OK) {
-            std::string msg = "Gradients were computed more than backward_passes_per_step times "
-                              "before call to step(). Increase backward_passes_per_step to "
-                              "accumulate gradients locally. (" + std::string(cfx_last_error()) +
-                              ")";
-            if (st != CFX_ERR_INVALID_ARGUMENT)
-                msg = std::string(cfx_status_string(st)) + ": " + cfx_last_error();
+            std::string msg = cfx_last_error(); /* this thread's, before Python runs */
             py::gil_scoped_acquire gil;
-            PyErr_SetString(st == CFX_ERR_INVALID_ARGUMENT ? PyExc_AssertionError
-                                                           : PyExc_RuntimeError, msg.c_str());
-            throw python_error(); /* autograd rethrows it in backward()'s caller as it is */
+            try {
+                refused_(static_cast<int>(st), msg);
+            } catch (py::error_already_set &e) {
+                e.restore();
+                throw python_error(); /* autograd rethrows it in backward()'s caller as it is */
+            }
+            throw std::runtime_error("refused did not raise: " + msg);
         }
     }
 
@@ -108,20 +109,9 @@ public:
             fire(static_cast<int32_t>(i));
     }
 
-    bool fired_any() const
-    {
-        for (uint8_t f : fired_)
-            if (f)
-                return true;
-        return false;
-    }
-    bool fired_all() const
-    {
-        for (uint8_t f : fired_)
-            if (!f)
-                return false;
-        return true;
-    }
+    static bool set(uint8_t f) { return f != 0; }
+    bool fired_any() const { return std::any_of(fired_.begin(), fired_.end(), set); }
+    bool fired_all() const { return std::all_of(fired_.begin(), fired_.end(), set); }
     void clear() { std::fill(fired_.begin(), fired_.end(), 0); }
     std::vector<bool> fired() const { return std::vector<bool>(fired_.begin(), fired_.end()); }
 
@@ -136,6 +126,7 @@ public:
 private:
     cfx_gradset *set_;
     std::vector<at::Tensor> params_, views_;
+    py::object refused_;
     std::vector<std::shared_ptr<Node>> nodes_;
     std::vector<std::uintptr_t> keys_;
     std::vector<uint8_t> fired_;
@@ -154,7 +145,7 @@ PYBIND11_MODULE(_torch_hooks, m)
     m.doc() = "conflux.torch.DistributedOptimizer's gradient-set hooks in C++ (torch_hooks.cpp)";
     py::class_<Hooks>(m, "Hooks")
         .def(py::init<std::uintptr_t, const std::vector<at::Tensor> &,
-                      const std::vector<at::Tensor> &>())
+                      const std::vector<at::Tensor> &, py::object>())
         .def("fire", &Hooks::fire, "What backward's hook does for gradient i")
         .def("fire_all", &Hooks::fire_all, "Every hook, last gradient first (benchmarks)")
         .def("fired_any", &Hooks::fired_any)

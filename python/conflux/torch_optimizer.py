@@ -80,6 +80,16 @@ def _adopt(p, view):
     p.grad = view
 
 
+def _refused(status, message):
+    """What a gradient set's hook raises when cfx_gradset_ready refuses: the engine's error, and
+    Horovod's AssertionError for a pass too many (InvalidArgumentError). The C++ hooks call it too,
+    so both kinds raise the same from backward()."""
+    try:
+        _core.raise_status(status, message)
+    except _core.InvalidArgumentError as exc:
+        raise _too_many_passes(exc) from exc
+
+
 def _view_hook(ptr, i, fired, p, view):
     """The hook of gradient i of a set whose buffer is p's .grad: backward accumulated into it
     (or, when the user replaced p.grad, the buffer takes it back first); then i is ready."""
@@ -92,6 +102,41 @@ def _view_hook(ptr, i, fired, p, view):
         except _core.InvalidArgumentError as exc:
             raise _too_many_passes(exc) from exc
     return hook
+
+
+class _PythonHooks:
+    """A set's hooks in Python, where conflux._torch_hooks is not built, with its Hooks' interface:
+    fire(i) / fire_all() (last first) run them as backward does, fired() / fired_any() /
+    fired_all() / clear() tell and reset which ran this step, remove() takes them off."""
+
+    def __init__(self, ptr, params, views, nodes):
+        self._fired = [False] * len(params)
+        self._clear = [False] * len(params)  # reset without allocating per step
+        self._hooks = [_view_hook(ptr, i, self._fired, p, view)
+                       for i, (p, view) in enumerate(zip(params, views))]
+        self._handles = [_after_accumulation(p, hook, nodes) for p, hook in zip(params, self._hooks)]
+
+    def fire(self, i):
+        self._hooks[i]()
+
+    def fire_all(self):
+        for hook in reversed(self._hooks):
+            hook()
+
+    def fired(self):
+        return list(self._fired)
+
+    def fired_any(self):
+        return any(self._fired)
+
+    def fired_all(self):
+        return all(self._fired)
+
+    def clear(self):
+        self._fired[:] = self._clear
+
+    def remove(self):
+        _remove_hooks(self._handles)
 
 
 def _after_accumulation(p, hook, nodes):
@@ -145,10 +190,7 @@ class _GradSet:
                                                                tuple(p.shape)))
             assert index == i
         _capi.cfx_gradset_commit(native.ptr)  # MismatchError on every rank names the gradient
-        self._fired = [False] * len(entries)  # the Python hooks' record (native_hooks: its own)
-        self._clear = [False] * len(entries)
         self.views = []   # (p, buffer): the buffer is p.grad
-        self.hooks = []   # per gradient, what backward calls once it accumulated it
         ptr = native.ptr
         for i, (gname, p) in enumerate(entries):
             buf = _owned_tensor(native, i, p.dtype, tuple(p.shape))
@@ -157,29 +199,31 @@ class _GradSet:
             p.grad = buf
             self.views.append((p, buf))
         self.params = [p for _, p in entries]
-        # C++ hooks where the build has them: what a Python hook does, without the interpreter.
-        self.native_hooks = None
-        if _torch_hooks is not None and self.params:
-            self.native_hooks = _torch_hooks.Hooks(int(ptr), self.params,
-                                                   [buf for _, buf in self.views])
-            handles.append(self.native_hooks)  # .remove() takes them off
-            self.hooks = [functools.partial(self.native_hooks.fire, i)
-                          for i in range(len(entries))]
-            return
-        for i, (p, buf) in enumerate(self.views):
-            hook = _view_hook(ptr, i, self._fired, p, buf)
-            self.hooks.append(hook)
-            handles.append(_after_accumulation(p, hook, nodes))
+        # C++ hooks where the build has them: what the Python hooks do, without the interpreter.
+        views = [buf for _, buf in self.views]
+        self._hooks = (_torch_hooks.Hooks(int(ptr), self.params, views, _refused)
+                       if _torch_hooks is not None else
+                       _PythonHooks(ptr, self.params, views, nodes))
+        handles.append(self._hooks)  # .remove() takes them off
+        # per gradient, what backward calls once it accumulated it
+        self.hooks = [functools.partial(self._hooks.fire, i) for i in range(len(entries))]
+
+    @property
+    def native_hooks(self):
+        """The C++ hooks, or None where the set's hooks are Python ones."""
+        return None if isinstance(self._hooks, _PythonHooks) else self._hooks
 
     @property
     def fired(self):
         """Per gradient, whether its hook ran this step."""
-        return self.native_hooks.fired() if self.native_hooks is not None else self._fired
+        return self._hooks.fired()
+
+    def fire_all(self):
+        """Every hook once, last gradient first, as backward runs them (benchmarks)."""
+        self._hooks.fire_all()
 
     def pending(self):
-        if self.native_hooks is not None:
-            return self.native_hooks.fired_any()
-        return any(self._fired)
+        return self._hooks.fired_any()
 
     def readopt(self):
         """Gives every parameter whose .grad was replaced (zero_grad(set_to_none=True), ...) its
@@ -191,15 +235,9 @@ class _GradSet:
     def wait(self):
         """Ends the step: what the hooks did not mark goes out as it is (zeros after zero_grad),
         then the results are in place."""
-        if self.native_hooks is not None:
-            if not self.native_hooks.fired_all():
-                self.readopt()
-            self.native_hooks.clear()
-        else:
-            fired = self._fired
-            if not all(fired):
-                self.readopt()
-            fired[:] = self._clear
+        if not self._hooks.fired_all():
+            self.readopt()
+        self._hooks.clear()
         _wait(self.native.ptr, -1.0)
 
 

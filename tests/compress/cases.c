@@ -185,6 +185,8 @@ static int run_one(cfx_context *ctx, cfx_compression c, int compressed, int t, c
  * e_i just under half a 16-bit ulp of big_i over (members - 1.5): exact in float32, their sum
  * rounds to big_i + ulp, while any order of combines that rounds big_i + e_i (or big_i + 2 e_i)
  * on its way gets big_i. Every element's bits are checked; uncompressed, the exact sum. */
+static double once_big(size_t i) { return ldexp(i % 2 ? -1.0 : 1.0, (int)(i / 2 % 7) - 3); }
+
 static int rounded_once(cfx_context *ctx, cfx_compression c, int compressed)
 {
     int failures = 0, size = cfx_size(ctx);
@@ -196,7 +198,7 @@ static int rounded_once(cfx_context *ctx, cfx_compression c, int compressed)
     enum { N = 4096 };
     static _Thread_local float in[N], out[N];
     for (size_t i = 0; i < N; i++) {
-        double big = ldexp(i % 2 ? -1.0 : 1.0, (int)(i / 2 % 7) - 3);
+        double big = once_big(i);
         double e = frac * ldexp(fabs(big), 1 - digits) * (big < 0 ? -1 : 1);
         in[i] = !lead ? 0.0f : (int)(i % (size_t)members) == me ? (float)big : (float)e;
     }
@@ -213,7 +215,7 @@ static int rounded_once(cfx_context *ctx, cfx_compression c, int compressed)
         cfx_handle_release(ctx, h);
     int bad = 0;
     for (size_t i = 0; i < N; i++) {
-        double big = ldexp(i % 2 ? -1.0 : 1.0, (int)(i / 2 % 7) - 3);
+        double big = once_big(i);
         double ulp = ldexp(fabs(big), 1 - digits), tail = (members - 1) * frac;
         double want = !compressed ? big + (big < 0 ? -tail : tail) * ulp
                       : tail > 0.5 ? big + (big < 0 ? -ulp : ulp) : big;

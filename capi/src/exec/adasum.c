@@ -8,6 +8,7 @@
 
 #include "base/dtype.h"
 #include "base/error.h"
+#include "base/split.h"
 #include "kernels/dot.h"
 #include "kernels/reduce.h"
 
@@ -240,12 +241,6 @@ static cfx_status tree(run *r, size_t lo0, size_t hi0)
     return st;
 }
 
-/* The first `j` shards of n elements over m ranks (as the shared-memory path splits blocks). */
-static size_t shard_start(size_t n, int m, int j)
-{
-    return (size_t)((unsigned __int128)n * (unsigned)j / (unsigned)m);
-}
-
 /* Hierarchical: the host's shards, each reduced by one local rank, passed round the host. */
 static cfx_status gather_shards(cx_transport *t, char *work, size_t total, size_t es)
 {
@@ -254,8 +249,8 @@ static cfx_status gather_shards(cx_transport *t, char *work, size_t total, size_
     cfx_status st = CFX_OK;
     for (int step = 0; step < m - 1 && !st; step++) {
         int out = ((j - step) % m + m) % m, in = ((j - step - 1) % m + m) % m;
-        size_t olo = shard_start(total, m, out), ohi = shard_start(total, m, out + 1);
-        size_t ilo = shard_start(total, m, in), ihi = shard_start(total, m, in + 1);
+        size_t olo = cx_split_start(total, m, out), ohi = cx_split_start(total, m, out + 1);
+        size_t ilo = cx_split_start(total, m, in), ihi = cx_split_start(total, m, in + 1);
         st = t->ops->sendrecv(t, CX_GROUP_LOCAL, work + olo * es, (ohi - olo) * es, next,
                               work + ilo * es, (ihi - ilo) * es, prev);
     }
@@ -300,8 +295,8 @@ cfx_status cx_adasum_allreduce(cx_adasum *a, cx_transport *t, cx_shm *shm,
         r.index = t->cross_rank;
         r.local_dots = t->local_size > 1;
         if (!st)
-            st = tree(&r, shard_start(total, t->local_size, t->local_rank),
-                      shard_start(total, t->local_size, t->local_rank + 1));
+            st = tree(&r, cx_split_start(total, t->local_size, t->local_rank),
+                      cx_split_start(total, t->local_size, t->local_rank + 1));
         if (!st)
             st = gather_shards(t, work, total, es);
     } else if (total) {

@@ -24,14 +24,16 @@
 #include "conflux/conflux.h"
 #include "transport/transport.h"
 
-/* The scratch bytes cx_combine16 needs for `count` elements over a group of `members`. */
-size_t cx_combine16_scratch_bytes(size_t count, int members);
+/* The bytes of a buffer for `count` packed values over a group of `members`: the values come first
+ * (what the caller packs and unpacks), then what the combine needs for itself. A buffer made for
+ * the largest count serves every smaller one. */
+size_t cx_combine16_bytes(size_t count, int members);
 
 /* buf16[0..count) = op over the members of `group` of their buf16 (values of `wire`, CFX_FLOAT16
- * or CFX_BFLOAT16), in place; AVERAGE combines as SUM (the caller scales). `scratch` holds at
- * least cx_combine16_scratch_bytes(count, members) bytes, 4-byte aligned. Every member calls it
- * with the same count. */
+ * or CFX_BFLOAT16), in place; AVERAGE combines as SUM (the caller scales). buf16 holds at least
+ * cx_combine16_bytes(count, members) bytes, aligned as malloc aligns. Every member calls it with
+ * the same count. */
 cfx_status cx_combine16(cx_transport *t, cx_group group, uint16_t *buf16, size_t count,
-                        cfx_dtype wire, cfx_reduce_op op, void *scratch);
+                        cfx_dtype wire, cfx_reduce_op op);
 
 #endif /* CFX_COMBINE16_H */

@@ -7,6 +7,7 @@
 
 #include "base/dtype.h"
 #include "base/error.h"
+#include "base/split.h"
 #include "protocol/fusion.h"
 #include "kernels/compress.h"
 #include "kernels/reduce.h"
@@ -213,12 +214,6 @@ static size_t elements_per_chunk(const cx_exec *x, size_t esize)
     return n ? n : 1;
 }
 
-/* The first `rank` blocks of n elements split over `size` ranks as evenly as possible. */
-static size_t block_start(size_t n, int size, int rank)
-{
-    return (size_t)((unsigned __int128)n * (unsigned)rank / (unsigned)size);
-}
-
 /* Deterministic reduce-scatter of one chunk: rank r owns block r, receives every rank's copy of it
  * and reduces them in rank order. `send` holds n elements; `out` receives this rank's block. */
 static cfx_status ordered_reduce_scatter(cx_exec *x, const void *send, void *out, const size_t *counts,
@@ -281,17 +276,14 @@ static cfx_status compressed_chunks(cx_exec *x, const void *src, void *dst, size
     cx_transport *t = x->transport;
     size_t esize = cfx_dtype_size(dtype);
     size_t step = elements_per_chunk(x, esize);
-    size_t most = n < step ? n : step;
-    size_t packed = (most * 2 + 15) / 16 * 16; /* the packed chunk, then combine16's scratch */
     cfx_status st = reserve(&x->scratch, &x->scratch_cap,
-                            packed + cx_combine16_scratch_bytes(most, t->size));
+                            cx_combine16_bytes(n < step ? n : step, t->size));
     for (size_t off = 0; off < n && !st; off += step) {
         size_t len = n - off < step ? n - off : step;
         void *residual = x->residual ? (char *)x->residual + off * esize : NULL;
         cx_compress_pack(x->scratch, (const char *)src + off * esize, residual, len, dtype, half,
                          prescale);
-        st = cx_combine16(t, CX_GROUP_WORLD, x->scratch, len, half, op,
-                          (char *)x->scratch + packed);
+        st = cx_combine16(t, CX_GROUP_WORLD, x->scratch, len, half, op);
         if (!st)
             cx_compress_unpack((char *)dst + off * esize, x->scratch, len, dtype, half, postscale);
     }
@@ -331,9 +323,9 @@ static cfx_status reduce_chunks(cx_exec *x, const void *src, void *dst, size_t n
             st = t->ops->allreduce(t, chunk, len, dtype, op);
         } else if (ordered) {
             for (int r = 0; r < size; r++) {
-                counts[r] = block_start(len, size, r + 1) - block_start(len, size, r);
+                counts[r] = cx_split_start(len, size, r + 1) - cx_split_start(len, size, r);
                 bytes[r] = counts[r] * esize;
-                displs[r] = block_start(len, size, r) * esize;
+                displs[r] = cx_split_start(len, size, r) * esize;
             }
             st = ordered_reduce_scatter(x, chunk, block, counts, dtype, op);
             if (!st)
@@ -399,6 +391,13 @@ static void timeline_negotiated(cx_exec *x, const cx_response_list *responses)
     }
 }
 
+/* Whether `next` continues the `bytes` at `prev` in memory (two NULLs, a joined rank's identity,
+ * continue each other too). */
+static bool follows(const void *prev, size_t bytes, const void *next)
+{
+    return prev && next ? (const char *)prev + bytes == (const char *)next : prev == next;
+}
+
 /* Appends `count` elements at src/dst (NULL for a joined rank's identity) to the first `n`
  * segments and returns the new number: a tensor that continues the last one in memory, input and
  * output alike, extends it. A gradient set's owned bucket (contiguous on every rank) becomes one
@@ -408,10 +407,8 @@ static size_t add_segment(cx_segment *segs, size_t n, const void *src, void *dst
                           size_t esize)
 {
     cx_segment *last = n ? &segs[n - 1] : NULL;
-    size_t bytes = last ? last->count * esize : 0;
-    if (last && (src ? last->src && (const char *)last->src + bytes == (const char *)src
-                     : !last->src) &&
-        (dst ? last->dst && (char *)last->dst + bytes == (char *)dst : !last->dst)) {
+    if (last && follows(last->src, last->count * esize, src) &&
+        follows(last->dst, last->count * esize, dst)) {
         last->count += count;
         return n;
     }

@@ -17,6 +17,7 @@
 
 #include "base/clock.h"
 #include "base/error.h"
+#include "base/split.h"
 #include "kernels/compress.h"
 #include "kernels/reduce.h"
 #include "exec/combine16.h"
@@ -67,8 +68,8 @@ struct cx_shm {
     uint64_t *peer_sizes;  /* [nlocal] their sizes, for munmap */
     uint8_t *strip;        /* OWN_STRIP_BYTES of private scratch for the direct path */
     uint8_t *piece;        /* a chunk of private scratch: its hierarchical form's block */
-    uint16_t *wire16;      /* made on first use: a compressed cross-host block, then the scratch of
-                            * its once-rounded combine (exec/combine16.h) */
+    uint16_t *wire16;      /* made on first use: a compressed cross-host block and what its
+                            * once-rounded combine needs (cx_combine16_bytes) */
     char direct_off[512];  /* why the direct path is off */
 };
 
@@ -277,7 +278,7 @@ void cx_shm_destroy(cx_shm *s)
  * starts cache-aligned for the vector loops. */
 static size_t block_start(size_t n, int parts, int i)
 {
-    size_t b = (size_t)((unsigned __int128)n * (unsigned)i / (unsigned)parts);
+    size_t b = cx_split_start(n, parts, i);
     return i == parts ? n : (b / 16 * 16 < n ? b / 16 * 16 : n);
 }
 
@@ -493,15 +494,13 @@ static cfx_status cross_leg(cx_shm *s, cx_transport *t, void *buf, size_t count,
 {
     if (wire < 0)
         return t->ops->cross_allreduce(t, buf, count, dtype, op);
-    /* A block holds at most a chunk of 4-byte elements: packed, then combine16's scratch. */
-    size_t most = s->chunk / 4 + 1, packed = (most * 2 + 15) / 16 * 16;
-    size_t bytes = packed + cx_combine16_scratch_bytes(most, t->cross_size);
+    /* A block holds at most a chunk of 4-byte elements. */
+    size_t bytes = cx_combine16_bytes(s->chunk / 4 + 1, t->cross_size);
     if (!s->wire16 && !(s->wire16 = malloc(bytes)))
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for a compressed block (%zu bytes)",
                        bytes);
     cx_compress_pack(s->wire16, buf, residual, count, dtype, (cfx_dtype)wire, 1.0);
-    cfx_status st = cx_combine16(t, CX_GROUP_CROSS, s->wire16, count, (cfx_dtype)wire, op,
-                                 (char *)s->wire16 + packed);
+    cfx_status st = cx_combine16(t, CX_GROUP_CROSS, s->wire16, count, (cfx_dtype)wire, op);
     if (!st)
         cx_compress_unpack(buf, s->wire16, count, dtype, (cfx_dtype)wire, 1.0);
     return st;
