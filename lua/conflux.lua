@@ -364,6 +364,34 @@ end
 -- the stack (the data stays referenced by the call itself, so no registration is needed).
 local start = {}
 
+-- The blocking allreduce and broadcast run in one C call (core.run: submit, wait, copy a table's
+-- result back, release), with no handle and no array made for a table: the per-call path of the
+-- small collectives scripts make most.
+function M.allreduce(data, opts)
+  local c = context(2)
+  opts = options(opts, "op", 2)
+  local name = check_name(opts, 2)
+  local op = op_code(opts.op, 2)
+  local z = compression_code(opts.compression, 2)
+  local dtype = opts.dtype ~= nil and dtype_code(opts.dtype, 2) or nil
+  sweep()
+  local ok, st, msg = core.run(c, 0, name, data, op, opts.prescale or 1.0, opts.postscale or 1.0, z, dtype)
+  if not ok then raise(st, msg, 2) end
+  return data
+end
+
+function M.broadcast(data, root, opts)
+  local c = context(2)
+  if math.type(root) ~= "integer" then argerror("root must be an integer rank", 2) end
+  opts = options(opts, "name", 2)
+  local name = check_name(opts, 2)
+  local dtype = opts.dtype ~= nil and dtype_code(opts.dtype, 2) or nil
+  sweep()
+  local ok, st, msg = core.run(c, 1, name, data, root, 1.0, 1.0, 0, dtype)
+  if not ok then raise(st, msg, 2) end
+  return data
+end
+
 function start.allreduce(level, data, opts)
   local c = context(level + 1)
   opts = options(opts, "op", level + 1)
@@ -449,7 +477,7 @@ for _, kind in ipairs { "allreduce", "allgather", "broadcast", "alltoall", "redu
     local id, name, a, t = begin(2, ...)
     return new_handle(kind, id, name, a, t)
   end
-  M[kind] = function(...)
+  M[kind] = M[kind] or function(...)
     local id, _, a, t = begin(2, ...)
     local c = ctx
     local st, msg = core.wait(c, id, -1)

@@ -114,6 +114,7 @@
 /* ---- Helpers ------------------------------------------------------------------------------ */
 
 %{
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -136,6 +137,27 @@ static cfx_tensor cfxj_tensor(int64_t addr, int64_t count, int32_t dtype, int64_
     t.device = CFX_DEVICE_CPU;
     t.stream = NULL;
     return t;
+}
+
+/* Copies `bytes` between a primitive Java array and native memory at `native` (into the array when
+ * `to_array`). 0 = ok, -1 when the JVM cannot pin the array. */
+static int cfxj_copy_array(JNIEnv *jenv, jobject array, void *native, int64_t bytes, int to_array) {
+    void *elems;
+    if (bytes <= 0) return 0;
+    elems = (*jenv)->GetPrimitiveArrayCritical(jenv, (jarray)array, NULL);
+    if (!elems) return -1;
+    if (to_array) memcpy(elems, native, (size_t)bytes);
+    else memcpy(native, elems, (size_t)bytes);
+    (*jenv)->ReleasePrimitiveArrayCritical(jenv, (jarray)array, elems, to_array ? 0 : JNI_ABORT);
+    return 0;
+}
+
+/* The message of this thread's last failed cfxj_run (a completed handle's message does not
+ * outlive the handle, which cfxj_run releases). */
+static _Thread_local char cfxj_message_tl[1024];
+
+static void cfxj_set_message(const char *msg) {
+    snprintf(cfxj_message_tl, sizeof cfxj_message_tl, "%s", msg ? msg : "");
 }
 
 /* Returns the handle, or 0 after recording the status. */
@@ -187,31 +209,17 @@ int64_t cfxj_buffer_address(JNIEnv *jenv, jobject buffer) {
 /* Copies `bytes` of a primitive Java array into new malloc'd memory; 0 when out of memory. */
 int64_t cfxj_stage(JNIEnv *jenv, jobject array, int64_t bytes) {
     void *dst = malloc(bytes > 0 ? (size_t)bytes : 1);
-    if (!dst) {
+    if (!dst || cfxj_copy_array(jenv, array, dst, bytes, 0) != 0) {
+        free(dst);
         cfxj_set_status(CFX_ERR_OUT_OF_MEMORY);
         return 0;
-    }
-    if (bytes > 0) {
-        void *src = (*jenv)->GetPrimitiveArrayCritical(jenv, (jarray)array, NULL);
-        if (!src) {
-            free(dst);
-            cfxj_set_status(CFX_ERR_OUT_OF_MEMORY);
-            return 0;
-        }
-        memcpy(dst, src, (size_t)bytes);
-        (*jenv)->ReleasePrimitiveArrayCritical(jenv, (jarray)array, src, JNI_ABORT);
     }
     return (int64_t)(intptr_t)dst;
 }
 
 /* Copies `bytes` from native memory at `src` back into a primitive Java array. 0 = ok. */
 int cfxj_unstage(JNIEnv *jenv, int64_t src, jobject array, int64_t bytes) {
-    if (bytes <= 0) return 0;
-    void *dst = (*jenv)->GetPrimitiveArrayCritical(jenv, (jarray)array, NULL);
-    if (!dst) return (int)CFX_ERR_OUT_OF_MEMORY;
-    memcpy(dst, cfxj_ptr(src), (size_t)bytes);
-    (*jenv)->ReleasePrimitiveArrayCritical(jenv, (jarray)array, dst, 0);
-    return 0;
+    return cfxj_copy_array(jenv, array, cfxj_ptr(src), bytes, 1) ? (int)CFX_ERR_OUT_OF_MEMORY : 0;
 }
 
 void cfxj_free(int64_t addr) { free(cfxj_ptr(addr)); }
@@ -247,6 +255,65 @@ cfx_handle cfxj_allreduce(cfx_context *ctx, const char *name, int64_t data, int6
                                        postscale, &h);
     return cfxj_handle_or_zero(s, h);
 }
+
+/* A blocking allreduce (kind 0) or broadcast (kind 1) in one JNI crossing, for Conflux's blocking
+ * forms: stage `array` (null for a direct buffer at `data`), submit, wait, copy the result back,
+ * release. No handle outlives the call, so nothing is tracked on the Java side. Arrays of up to
+ * CFXJ_RUN_STACK bytes are staged on the stack (the lone small call allocates nothing). `arg` is the
+ * op (allreduce) or the root (broadcast). Returns the status; on failure the message is
+ * cfxj_run_message(). */
+#define CFXJ_RUN_STACK 512
+int cfxj_run(JNIEnv *jenv, cfx_context *ctx, int32_t kind, const char *name, jobject array,
+             int64_t data, int64_t count, int32_t dtype, int32_t arg, double prescale,
+             double postscale, int32_t compression) {
+    _Alignas(64) unsigned char stack[CFXJ_RUN_STACK];
+    int64_t shape[1], bytes = count * (int64_t)cfx_dtype_size((cfx_dtype)dtype);
+    void *staged = NULL;
+    cfx_tensor t;
+    cfx_handle h = 0;
+    cfx_status s;
+    if (array) {
+        staged = bytes <= CFXJ_RUN_STACK ? (void *)stack : malloc((size_t)bytes);
+        if (!staged || cfxj_copy_array(jenv, array, staged, bytes, 0) != 0) {
+            if (staged != stack) free(staged);
+            cfxj_set_message("Conflux: cannot stage the array (out of memory)");
+            return (int)CFX_ERR_OUT_OF_MEMORY;
+        }
+        data = (int64_t)(intptr_t)staged;
+    }
+    t = cfxj_tensor(data, count, dtype, shape);
+    if (kind == 1) {
+        s = cfx_broadcast_async(ctx, name, &t, arg, &h);
+    } else if (compression == CFX_COMPRESSION_NONE) {
+        s = cfx_allreduce_async(ctx, name, &t, NULL, (cfx_reduce_op)arg, prescale, postscale, &h);
+    } else {
+        cfx_allreduce_options o;
+        s = cfx_allreduce_options_init(&o, CFX_ALLREDUCE_OPTIONS_VERSION);
+        o.op = arg;
+        o.prescale = prescale;
+        o.postscale = postscale;
+        o.compression = compression;
+        if (s == CFX_OK) s = cfx_allreduce_async_opts(ctx, name, &t, NULL, &o, &h);
+    }
+    if (s != CFX_OK) {
+        cfxj_set_message(cfx_last_error());
+    } else {
+        s = cfx_wait(ctx, h, -1.0);
+        if (s != CFX_OK) {
+            const char *msg = cfx_handle_message(ctx, h);
+            cfxj_set_message(msg && msg[0] ? msg : cfx_last_error());
+        } else if (array && cfxj_copy_array(jenv, array, staged, bytes, 1) != 0) {
+            s = CFX_ERR_OUT_OF_MEMORY;
+            cfxj_set_message("Conflux: cannot copy the result into the array");
+        }
+        (void)cfx_handle_release(ctx, h);
+    }
+    if (staged != stack) free(staged);
+    return (int)s;
+}
+
+/* The message of this thread's last failed cfxj_run. */
+const char *cfxj_run_message(void) { return cfxj_message_tl; }
 
 /* cfx_allreduce_async_opts with every field of cfx_allreduce_options spelled out. */
 cfx_handle cfxj_allreduce_opts(cfx_context *ctx, const char *name, int64_t data, int64_t count,

@@ -256,10 +256,26 @@ static cfxl_array *cfxl_new_array(lua_State *L, int32_t dtype, int64_t n) {
     return cfxl_new(L, dtype, n, 0, &st);
 }
 
+/* Elements 1..a->n of the table at `tidx` into `a`. 0, or -1 with the error message pushed. */
+static int cfxl_from_table(lua_State *L, cfxl_array *a, int tidx) {
+    int64_t i;
+    for (i = 0; i < a->n; i++) {
+        const char *err;
+        lua_geti(L, tidx, (lua_Integer)(i + 1));
+        err = cfxl_set_elem(L, a, i, -1);
+        if (err) {
+            lua_pushfstring(L, "element %I: %s, got %s", (lua_Integer)(i + 1), err, luaL_typename(L, -1));
+            return -1;
+        }
+        lua_pop(L, 1);
+    }
+    return 0;
+}
+
 /* array_new / shared_array_new (dtype, n | table) -> array | nil, status, message */
 static int cfxl_make_array(lua_State *L, int shared) {
     int32_t dtype = (int32_t)luaL_checkinteger(L, 1);
-    int64_t n, i;
+    int64_t n;
     cfxl_array *a;
     cfx_status st;
     int fromtable = lua_istable(L, 2);
@@ -270,19 +286,8 @@ static int cfxl_make_array(lua_State *L, int shared) {
     if (n < 0) return cfxl_fail(L, CFX_ERR_INVALID_ARGUMENT, "negative array length");
     a = cfxl_new(L, dtype, n, shared, &st);
     if (!a) return st != CFX_OK ? cfxl_fail_last(L, st) : cfxl_fail(L, CFX_ERR_OUT_OF_MEMORY, "array too large");
-    if (fromtable) {
-        for (i = 0; i < n; i++) {
-            const char *err;
-            lua_geti(L, 2, (lua_Integer)(i + 1));
-            err = cfxl_set_elem(L, a, i, -1);
-            if (err) {
-                lua_pushfstring(L, "element %I: %s, got %s", (lua_Integer)(i + 1), err,
-                                luaL_typename(L, -1));
-                return cfxl_fail(L, CFX_ERR_INVALID_ARGUMENT, lua_tostring(L, -1));
-            }
-            lua_pop(L, 1);
-        }
-    }
+    if (fromtable && cfxl_from_table(L, a, 2) != 0)
+        return cfxl_fail(L, CFX_ERR_INVALID_ARGUMENT, lua_tostring(L, -1));
     return 1;
 }
 
@@ -537,8 +542,24 @@ static int cfxl_push_handle(lua_State *L, cfx_status s, cfx_handle h) {
     return 1;
 }
 
+/* Submits an allreduce of `t` (a compression other than NONE goes through
+ * cfx_allreduce_async_opts). */
+static cfx_status cfxl_submit_allreduce(cfx_context *ctx, const char *name, cfx_tensor *t, int op,
+                                        double pre, double post, int32_t compression, cfx_handle *h) {
+    cfx_allreduce_options o;
+    cfx_status s;
+    if (compression == CFX_COMPRESSION_NONE)
+        return cfx_allreduce_async(ctx, name, t, NULL, (cfx_reduce_op)op, pre, post, h);
+    s = cfx_allreduce_options_init(&o, CFX_ALLREDUCE_OPTIONS_VERSION);
+    o.op = op;
+    o.prescale = pre;
+    o.postscale = post;
+    o.compression = compression;
+    return s == CFX_OK ? cfx_allreduce_async_opts(ctx, name, t, NULL, &o, h) : s;
+}
+
 /* allreduce(ctx, name, array, op [, prescale, postscale [, compression]]) -> handle | nil, status,
- * message; a compression other than NONE goes through cfx_allreduce_async_opts. */
+ * message */
 static int cfxl_allreduce(lua_State *L) {
     cfx_context *ctx = cfxl_ctx(L, 1);
     const char *name = luaL_optstring(L, 2, NULL);
@@ -549,18 +570,7 @@ static int cfxl_allreduce(lua_State *L) {
     int64_t shape[1];
     cfx_tensor t = cfxl_tensor(a, shape);
     cfx_handle h = 0;
-    cfx_status s;
-    if (compression == CFX_COMPRESSION_NONE) {
-        s = cfx_allreduce_async(ctx, name, &t, NULL, (cfx_reduce_op)op, pre, post, &h);
-    } else {
-        cfx_allreduce_options o;
-        s = cfx_allreduce_options_init(&o, CFX_ALLREDUCE_OPTIONS_VERSION);
-        o.op = op;
-        o.prescale = pre;
-        o.postscale = post;
-        o.compression = compression;
-        if (s == CFX_OK) s = cfx_allreduce_async_opts(ctx, name, &t, NULL, &o, &h);
-    }
+    cfx_status s = cfxl_submit_allreduce(ctx, name, &t, op, pre, post, compression, &h);
     return cfxl_push_handle(L, s, h);
 }
 
@@ -669,6 +679,72 @@ static int cfxl_wait(lua_State *L) {
 
 static int cfxl_release(lua_State *L) {
     lua_pushinteger(L, (lua_Integer)cfx_handle_release(cfxl_ctx(L, 1), cfxl_check_handle(L, 2)));
+    return 1;
+}
+
+/* run(ctx, kind, name, data, arg, prescale, postscale, compression, dtype) -> true | nil, status,
+ * message: the blocking allreduce (kind 0, arg = op) or broadcast (kind 1, arg = root) of
+ * conflux.lua in one call: submit, wait, copy a table's result back, release. `data` is an array
+ * (dtype, when not nil, must be its dtype) or a table (converted to dtype, float64 when nil; up to
+ * CFXL_RUN_STACK bytes on the C stack, so the lone small call allocates nothing). No handle
+ * outlives the call, so the Lua side tracks nothing. */
+#define CFXL_RUN_STACK 512
+static int cfxl_run(lua_State *L) {
+    cfx_context *ctx = cfxl_ctx(L, 1);
+    int kind = (int)luaL_checkinteger(L, 2);
+    const char *name = luaL_optstring(L, 3, NULL);
+    int arg = (int)luaL_checkinteger(L, 5);
+    double pre = luaL_optnumber(L, 6, 1.0), post = luaL_optnumber(L, 7, 1.0);
+    int32_t compression = (int32_t)luaL_optinteger(L, 8, CFX_COMPRESSION_NONE);
+    int32_t dtype = (int32_t)luaL_optinteger(L, 9, -1);
+    _Alignas(64) unsigned char stack[CFXL_RUN_STACK];
+    cfxl_array staged, *a = cfxl_test_array(L, 4);
+    int64_t shape[1], i;
+    cfx_tensor t;
+    cfx_handle h = 0;
+    cfx_status s;
+    if (a) {
+        if (!a->data) return cfxl_fail(L, CFX_ERR_INVALID_ARGUMENT, "the shared array was freed");
+        if (dtype >= 0 && dtype != a->dtype) {
+            lua_pushfstring(L, "the array holds %s, not %s", cfx_dtype_name((cfx_dtype)a->dtype),
+                            cfx_dtype_name((cfx_dtype)dtype));
+            return cfxl_fail(L, CFX_ERR_INVALID_ARGUMENT, lua_tostring(L, -1));
+        }
+    } else if (lua_istable(L, 4)) {
+        staged.dtype = dtype >= 0 ? dtype : CFX_FLOAT64;
+        staged.elem = (int32_t)cfx_dtype_size((cfx_dtype)staged.dtype);
+        staged.n = (int64_t)luaL_len(L, 4);
+        if (staged.elem == 0) return cfxl_fail(L, CFX_ERR_INVALID_ARGUMENT, "unknown dtype");
+        if ((uint64_t)staged.n > SIZE_MAX / 2 / (uint64_t)staged.elem)
+            return cfxl_fail(L, CFX_ERR_OUT_OF_MEMORY, "table too large");
+        if (staged.n * staged.elem <= CFXL_RUN_STACK) staged.data = stack;
+        else staged.data = lua_newuserdatauv(L, (size_t)(staged.n * staged.elem), 0); /* the GC frees it */
+        if (cfxl_from_table(L, &staged, 4) != 0)
+            return cfxl_fail(L, CFX_ERR_INVALID_ARGUMENT, lua_tostring(L, -1));
+        a = &staged;
+    } else {
+        lua_pushfstring(L, "data must be a conflux.array or a table of numbers, got %s", luaL_typename(L, 4));
+        return cfxl_fail(L, CFX_ERR_INVALID_ARGUMENT, lua_tostring(L, -1));
+    }
+    t = cfxl_tensor(a, shape);
+    s = kind == 1 ? cfx_broadcast_async(ctx, name, &t, arg, &h)
+                  : cfxl_submit_allreduce(ctx, name, &t, arg, pre, post, compression, &h);
+    if (s != CFX_OK) return cfxl_fail_last(L, s);
+    s = cfx_wait(ctx, h, -1.0);
+    if (s != CFX_OK) {
+        const char *msg = cfx_handle_message(ctx, h);
+        lua_pushstring(L, msg && msg[0] ? msg : cfx_last_error());  /* the message outlives the handle */
+        (void)cfx_handle_release(ctx, h);
+        return cfxl_fail(L, s, lua_tostring(L, -1));
+    }
+    (void)cfx_handle_release(ctx, h);
+    if (a == &staged) {
+        for (i = 0; i < a->n; i++) {
+            cfxl_push_elem(L, a, i);
+            lua_seti(L, 4, (lua_Integer)(i + 1));
+        }
+    }
+    lua_pushboolean(L, 1);
     return 1;
 }
 
@@ -984,6 +1060,7 @@ static int cfxl_bench_c_gradset(lua_State *L) {
 %native(init) int cfxl_init(lua_State *L);
 %native(subset) int cfxl_subset(lua_State *L);
 %native(allreduce) int cfxl_allreduce(lua_State *L);
+%native(run) int cfxl_run(lua_State *L);
 %native(allgather) int cfxl_allgather(lua_State *L);
 %native(broadcast) int cfxl_broadcast(lua_State *L);
 %native(alltoall) int cfxl_alltoall(lua_State *L);

@@ -105,6 +105,21 @@ describe("conflux collectives", function()
     assert.are.equal(0, mn[1])
   end)
 
+  it("stages tables on either side of the blocking call's stack limit (512 bytes)", function()
+    for _, n in ipairs { 1, 64, 65 } do
+      local t = {}
+      for i = 1, n do t[i] = S.value(rank, i) end
+      cfx.allreduce(t, { name = "l.stage." .. n })
+      for i = 1, n do assert.are.equal(S.sum_over(size, i), t[i], n .. " elements, element " .. i) end
+      local b = {}
+      for i = 1, n do b[i] = rank * 1000 + i end
+      cfx.broadcast(b, size - 1, { name = "l.stage.bc." .. n })
+      for i = 1, n do assert.are.equal((size - 1) * 1000 + i, b[i], n .. " elements, element " .. i) end
+    end
+    local e = S.conflux_error(cfx.allreduce, cfx.array("float32", 1), { dtype = "float64" })
+    assert.matches("the array holds float32, not float64", e.message, 1, true)
+  end)
+
   it("applies prescale and postscale", function()
     local a = cfx.array("float64", { 1, 2, 3 })
     cfx.allreduce(a, { op = "sum", prescale = 2, postscale = 0.25, name = "l.scaled" })

@@ -6,6 +6,8 @@ import java.util.ArrayList;
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ConcurrentLinkedQueue;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.locks.LockSupport;
 
 /**
  * A Conflux context: this process's membership in a data-parallel job. Create it with
@@ -199,6 +201,8 @@ public final class Conflux implements AutoCloseable {
     private final Set<Handle<?>> pending = ConcurrentHashMap.newKeySet();
     /** Pending handles the user closed: released by the next sweep once complete. */
     private final ConcurrentLinkedQueue<Handle<?>> detached = new ConcurrentLinkedQueue<>();
+    /** Blocking calls inside the engine (see run): close() frees the context only once none is. */
+    private final AtomicInteger running = new AtomicInteger();
 
     private Conflux(long ctx) {
         this.ctx = ctx;
@@ -339,7 +343,7 @@ public final class Conflux implements AutoCloseable {
 
     /** {@link #allreduce(String, float[], ReduceOp)} with scale factors: postscale * op(prescale * x). */
     public <T> T allreduce(String name, T data, ReduceOp op, double prescale, double postscale) {
-        return this.<T>submit(Handle.Kind.ALLREDUCE, name, data, null, op, prescale, postscale, 0, null).await();
+        return run(Handle.Kind.ALLREDUCE, name, data, null, op, prescale, postscale, 0, Compression.NONE);
     }
 
     /** Asynchronous {@link #allreduce(String, Object, ReduceOp, double, double)}. */
@@ -354,7 +358,8 @@ public final class Conflux implements AutoCloseable {
      * as {@code options} say, and returns it.
      */
     public <T> T allreduce(String name, T data, AllreduceOptions options) {
-        return this.<T>allreduceAsync(name, data, options).await();
+        return run(Handle.Kind.ALLREDUCE, name, data, null, checked(options).op, options.prescale,
+                options.postscale, 0, options.compression);
     }
 
     /** Asynchronous {@link #allreduce(String, Object, AllreduceOptions)}. */
@@ -364,7 +369,8 @@ public final class Conflux implements AutoCloseable {
 
     /** {@link #allreduce(String, Object, AllreduceOptions)} on a ByteBuffer holding elements of {@code dtype}. */
     public ByteBuffer allreduce(String name, ByteBuffer data, DType dtype, AllreduceOptions options) {
-        return allreduceAsync(name, data, dtype, options).await();
+        return run(Handle.Kind.ALLREDUCE, name, data, dtype, checked(options).op, options.prescale,
+                options.postscale, 0, options.compression);
     }
 
     /** Asynchronous {@link #allreduce(String, ByteBuffer, DType, AllreduceOptions)}. */
@@ -373,17 +379,21 @@ public final class Conflux implements AutoCloseable {
     }
 
     private <T> Handle<T> submitAllreduce(String name, Object data, DType byteType, AllreduceOptions o) {
+        return submit(Handle.Kind.ALLREDUCE, name, data, byteType, checked(o).op, o.prescale, o.postscale, 0,
+                null, o.compression);
+    }
+
+    private static AllreduceOptions checked(AllreduceOptions o) {
         if (o == null) {
             throw new IllegalArgumentException("Conflux: allreduce options are null");
         }
-        return submit(Handle.Kind.ALLREDUCE, name, data, byteType, o.op, o.prescale, o.postscale, 0, null,
-                o.compression);
+        return o;
     }
 
 
     /** Reduces {@code data} across ranks in place and returns it. */
     public float[] allreduce(String name, float[] data, ReduceOp op) {
-        return this.<float[]>submit(Handle.Kind.ALLREDUCE, name, data, null, op, 1.0, 1.0, 0, null).await();
+        return run(Handle.Kind.ALLREDUCE, name, data, null, op, 1.0, 1.0, 0, Compression.NONE);
     }
 
     /** Asynchronous {@link #allreduce(String, float[], ReduceOp)}. */
@@ -393,7 +403,7 @@ public final class Conflux implements AutoCloseable {
 
     /** Reduces {@code data} across ranks in place and returns it. */
     public double[] allreduce(String name, double[] data, ReduceOp op) {
-        return this.<double[]>submit(Handle.Kind.ALLREDUCE, name, data, null, op, 1.0, 1.0, 0, null).await();
+        return run(Handle.Kind.ALLREDUCE, name, data, null, op, 1.0, 1.0, 0, Compression.NONE);
     }
 
     /** Asynchronous {@link #allreduce(String, double[], ReduceOp)}. */
@@ -403,7 +413,7 @@ public final class Conflux implements AutoCloseable {
 
     /** Reduces {@code data} across ranks in place and returns it. */
     public int[] allreduce(String name, int[] data, ReduceOp op) {
-        return this.<int[]>submit(Handle.Kind.ALLREDUCE, name, data, null, op, 1.0, 1.0, 0, null).await();
+        return run(Handle.Kind.ALLREDUCE, name, data, null, op, 1.0, 1.0, 0, Compression.NONE);
     }
 
     /** Asynchronous {@link #allreduce(String, int[], ReduceOp)}. */
@@ -413,7 +423,7 @@ public final class Conflux implements AutoCloseable {
 
     /** Reduces {@code data} across ranks in place and returns it. */
     public long[] allreduce(String name, long[] data, ReduceOp op) {
-        return this.<long[]>submit(Handle.Kind.ALLREDUCE, name, data, null, op, 1.0, 1.0, 0, null).await();
+        return run(Handle.Kind.ALLREDUCE, name, data, null, op, 1.0, 1.0, 0, Compression.NONE);
     }
 
     /** Asynchronous {@link #allreduce(String, long[], ReduceOp)}. */
@@ -423,7 +433,7 @@ public final class Conflux implements AutoCloseable {
 
     /** Reduces {@code data} across ranks in place and returns it. Zero-copy on a direct buffer (from its position to its limit; native byte order). */
     public <B extends Buffer> B allreduce(String name, B data, ReduceOp op) {
-        return this.<B>submit(Handle.Kind.ALLREDUCE, name, data, null, op, 1.0, 1.0, 0, null).await();
+        return run(Handle.Kind.ALLREDUCE, name, data, null, op, 1.0, 1.0, 0, Compression.NONE);
     }
 
     /** Asynchronous {@link #allreduce(String, Buffer, ReduceOp)}. */
@@ -433,7 +443,7 @@ public final class Conflux implements AutoCloseable {
 
     /** Reduces {@code data} across ranks in place and returns it. {@code data} holds elements of {@code dtype}. */
     public ByteBuffer allreduce(String name, ByteBuffer data, DType dtype, ReduceOp op) {
-        return this.<ByteBuffer>submit(Handle.Kind.ALLREDUCE, name, data, dtype, op, 1.0, 1.0, 0, null).await();
+        return run(Handle.Kind.ALLREDUCE, name, data, dtype, op, 1.0, 1.0, 0, Compression.NONE);
     }
 
     /** Asynchronous {@link #allreduce(String, ByteBuffer, DType, ReduceOp)}. */
@@ -445,7 +455,7 @@ public final class Conflux implements AutoCloseable {
 
     /** Copies {@code rootRank}'s data into {@code data} on every rank, in place, and returns it. */
     public float[] broadcast(String name, float[] data, int rootRank) {
-        return this.<float[]>submit(Handle.Kind.BROADCAST, name, data, null, null, 1.0, 1.0, rootRank, null).await();
+        return run(Handle.Kind.BROADCAST, name, data, null, null, 1.0, 1.0, rootRank, Compression.NONE);
     }
 
     /** Asynchronous {@link #broadcast(String, float[], int)}. */
@@ -455,7 +465,7 @@ public final class Conflux implements AutoCloseable {
 
     /** Copies {@code rootRank}'s data into {@code data} on every rank, in place, and returns it. */
     public double[] broadcast(String name, double[] data, int rootRank) {
-        return this.<double[]>submit(Handle.Kind.BROADCAST, name, data, null, null, 1.0, 1.0, rootRank, null).await();
+        return run(Handle.Kind.BROADCAST, name, data, null, null, 1.0, 1.0, rootRank, Compression.NONE);
     }
 
     /** Asynchronous {@link #broadcast(String, double[], int)}. */
@@ -465,7 +475,7 @@ public final class Conflux implements AutoCloseable {
 
     /** Copies {@code rootRank}'s data into {@code data} on every rank, in place, and returns it. */
     public int[] broadcast(String name, int[] data, int rootRank) {
-        return this.<int[]>submit(Handle.Kind.BROADCAST, name, data, null, null, 1.0, 1.0, rootRank, null).await();
+        return run(Handle.Kind.BROADCAST, name, data, null, null, 1.0, 1.0, rootRank, Compression.NONE);
     }
 
     /** Asynchronous {@link #broadcast(String, int[], int)}. */
@@ -475,7 +485,7 @@ public final class Conflux implements AutoCloseable {
 
     /** Copies {@code rootRank}'s data into {@code data} on every rank, in place, and returns it. */
     public long[] broadcast(String name, long[] data, int rootRank) {
-        return this.<long[]>submit(Handle.Kind.BROADCAST, name, data, null, null, 1.0, 1.0, rootRank, null).await();
+        return run(Handle.Kind.BROADCAST, name, data, null, null, 1.0, 1.0, rootRank, Compression.NONE);
     }
 
     /** Asynchronous {@link #broadcast(String, long[], int)}. */
@@ -485,7 +495,7 @@ public final class Conflux implements AutoCloseable {
 
     /** Copies {@code rootRank}'s data into {@code data} on every rank, in place, and returns it. Zero-copy on a direct buffer (from its position to its limit; native byte order). */
     public <B extends Buffer> B broadcast(String name, B data, int rootRank) {
-        return this.<B>submit(Handle.Kind.BROADCAST, name, data, null, null, 1.0, 1.0, rootRank, null).await();
+        return run(Handle.Kind.BROADCAST, name, data, null, null, 1.0, 1.0, rootRank, Compression.NONE);
     }
 
     /** Asynchronous {@link #broadcast(String, Buffer, int)}. */
@@ -495,7 +505,7 @@ public final class Conflux implements AutoCloseable {
 
     /** Copies {@code rootRank}'s data into {@code data} on every rank, in place, and returns it. {@code data} holds elements of {@code dtype}. */
     public ByteBuffer broadcast(String name, ByteBuffer data, DType dtype, int rootRank) {
-        return this.<ByteBuffer>submit(Handle.Kind.BROADCAST, name, data, dtype, null, 1.0, 1.0, rootRank, null).await();
+        return run(Handle.Kind.BROADCAST, name, data, dtype, null, 1.0, 1.0, rootRank, Compression.NONE);
     }
 
     /** Asynchronous {@link #broadcast(String, ByteBuffer, DType, int)}. */
@@ -775,6 +785,15 @@ public final class Conflux implements AutoCloseable {
         }
         detached.clear();
         ctx = 0;
+        // Blocking calls still inside the engine return at once after the shutdown; should one not,
+        // the context is left allocated rather than freed under it.
+        long deadline = System.nanoTime() + (long) (CLOSE_WAIT_SECONDS * 1e9);
+        while (running.get() > 0) {
+            if (System.nanoTime() > deadline) {
+                return;
+            }
+            LockSupport.parkNanos(100_000L);
+        }
         ConfluxNative.cfx_context_free(p);
     }
 
@@ -803,6 +822,11 @@ public final class Conflux implements AutoCloseable {
         return h;
     }
 
+    /** Blocking calls now inside the engine (for tests). */
+    int blockingCalls() {
+        return running.get();
+    }
+
     void forget(Handle<?> h) {
         pending.remove(h);
     }
@@ -822,16 +846,50 @@ public final class Conflux implements AutoCloseable {
         return submit(kind, name, data, byteType, op, prescale, postscale, root, splits, Compression.NONE);
     }
 
-    private <T> Handle<T> submit(Handle.Kind kind, String name, Object data, DType byteType, ReduceOp op,
-                                 double prescale, double postscale, int root, long[] splits,
-                                 Compression compression) {
-        long p = ptr();
+    /** Checks a collective's arguments and describes its data; reaps detached handles on the way. */
+    private Operand operand(Handle.Kind kind, Object data, DType byteType, ReduceOp op, Compression compression) {
         boolean reduces = kind == Handle.Kind.ALLREDUCE || kind == Handle.Kind.REDUCESCATTER;
         if (reduces && op == null) {
             throw new IllegalArgumentException("Conflux: op is null");
         }
+        if (compression == null) {
+            throw new IllegalArgumentException("Conflux: compression is null");
+        }
         Operand o = Operand.of(data, byteType, kind == Handle.Kind.ALLREDUCE || kind == Handle.Kind.BROADCAST);
         sweep();
+        return o;
+    }
+
+    /**
+     * The blocking form of an allreduce or broadcast: one native call submits, waits, copies an
+     * array's result back and releases, so no Handle is made or tracked (cfxj_run). {@link #close()}
+     * waits for the calls counted in {@code running} before it frees the context.
+     */
+    @SuppressWarnings("unchecked")
+    private <T> T run(Handle.Kind kind, String name, T data, DType byteType, ReduceOp op, double prescale,
+                      double postscale, int root, Compression compression) {
+        Operand o = operand(kind, data, byteType, op, compression);
+        running.incrementAndGet();
+        int st;
+        try {
+            long p = ptr();  // after the increment: close() either sees this call or this call sees it closed
+            st = ConfluxNative.cfxj_run(p, kind == Handle.Kind.BROADCAST ? 1 : 0, name, o.staged ? o.target : null,
+                    o.address, o.count, o.dtype.code, kind == Handle.Kind.BROADCAST ? root : op.code, prescale,
+                    postscale, compression.code);
+        } finally {
+            running.decrementAndGet();
+        }
+        if (st != cfx_status.CFX_OK) {
+            throw ConfluxException.of(st, ConfluxNative.cfxj_run_message());
+        }
+        return data;
+    }
+
+    private <T> Handle<T> submit(Handle.Kind kind, String name, Object data, DType byteType, ReduceOp op,
+                                 double prescale, double postscale, int root, long[] splits,
+                                 Compression compression) {
+        long p = ptr();
+        Operand o = operand(kind, data, byteType, op, compression);
         o.stage();
         long h;
         int dt = o.dtype.code;

@@ -65,6 +65,30 @@ class CollectivesTest extends OnSharedContext {
     }
 
     @Test
+    void b01a_blockingFormsStageArraysOnEitherSideOfTheStackLimit() {
+        // the blocking forms stage up to 512 bytes on the C stack and more in malloc'd memory
+        for (int n : new int[] {1, 128, 129}) {
+            float[] x = new float[n];
+            for (int i = 0; i < n; i++) {
+                x[i] = (float) TestContext.value(rank, i);
+            }
+            cfx.allreduce("t.f32.stage." + n, x, ReduceOp.SUM);
+            for (int i = 0; i < n; i++) {
+                assertEquals((float) sumOver(i), x[i], n + " elements, element " + i);
+            }
+            int[] b = new int[n];
+            for (int i = 0; i < n; i++) {
+                b[i] = rank * 1000 + i;
+            }
+            cfx.broadcast("t.i32.stage." + n, b, size - 1);
+            for (int i = 0; i < n; i++) {
+                assertEquals((size - 1) * 1000 + i, b[i], n + " elements, element " + i);
+            }
+        }
+        assertEquals(0, cfx.blockingCalls());
+    }
+
+    @Test
     void b02_allreduceDoubleAverage() {
         double[] x = new double[257];
         for (int i = 0; i < x.length; i++) {

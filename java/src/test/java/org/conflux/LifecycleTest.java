@@ -86,6 +86,41 @@ class LifecycleTest {
         }
     }
 
+    @Test
+    void a04_closeWhileAnotherThreadBlocksInAllreduce() throws InterruptedException {
+        Conflux cfx = Conflux.init();
+        int rank = cfx.rank();
+        float[] x = {rank + 1f, 7f};
+        RuntimeException[] failure = new RuntimeException[1];
+        // rank 0's thread blocks in a collective nobody else submits; close must end it, then free
+        Thread blocked = new Thread(() -> {
+            try {
+                cfx.allreduce("blocked.at.close", x, ReduceOp.SUM);
+            } catch (RuntimeException e) {
+                failure[0] = e;
+            }
+        });
+        if (rank == 0) {
+            blocked.start();
+            long deadline = System.nanoTime() + 30_000_000_000L;
+            while (cfx.blockingCalls() == 0 && System.nanoTime() < deadline) {
+                sleep(1);
+            }
+            assertEquals(1, cfx.blockingCalls(), "the thread never entered the engine");
+        }
+        cfx.barrier();
+        cfx.close();
+        if (rank == 0) {
+            blocked.join(30_000);
+            assertFalse(blocked.isAlive());
+            assertTrue(failure[0] instanceof ShutDownException, String.valueOf(failure[0]));
+            assertEquals(1f, x[0]);  // a failed collective leaves the array as it was
+            assertEquals(7f, x[1]);
+        }
+        assertEquals(0, cfx.blockingCalls());
+        assertThrows(IllegalStateException.class, () -> cfx.allreduce("closed", new float[1], ReduceOp.SUM));
+    }
+
     static void sleep(long ms) {
         try {
             Thread.sleep(ms);
