@@ -176,12 +176,22 @@ static void shm_path(cx_config *cfg)
     cfg->chunk_bytes = 4096; /* many chunks, both buffers of the double buffering */
 }
 
-/* The shared-memory data path with thread ranks (each maps the segment like a process would). */
+/* A cache whose agreement words (1 + 2 per 64 entries) exceed the segment's rows: the agreement
+ * goes through the transport while the data still takes the segment. */
+static void shm_path_big_cache(cx_config *cfg)
+{
+    shm_path(cfg);
+    cfg->cache_capacity = 40000;
+}
+
+/* The shared-memory data path with thread ranks (each maps the segment like a process would); the
+ * agreement of every cycle goes through the segment too, except with the big cache. */
 static void dtype_op_shared_memory(void **state)
 {
     (void)state;
     assert_int_equal(run_ranks(2, dtype_op_rank, NULL, shm_path), 0);
     assert_int_equal(run_ranks(3, dtype_op_rank, NULL, shm_path), 0);
+    assert_int_equal(run_ranks(3, dtype_op_rank, NULL, shm_path_big_cache), 0);
 }
 
 static void no_cache(cx_config *cfg) { cfg->cache_capacity = 0; }

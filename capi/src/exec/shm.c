@@ -47,6 +47,9 @@ typedef struct direct_offer {
     struct { uint64_t src, dst, count; } at[DIRECT_MAX_SEGS];
 } direct_offer;
 
+/* The control plane's AND over the segment (cx_shm_allreduce_and): up to this many words a rank. */
+#define AND_MAX_WORDS 512
+
 /* The direct path is set up on the first batch every local rank offers (all see the same batches,
  * so all get there together): only then do all the pools exist, since nothing makes a pool but
  * cfx_alloc. A job that never allocates shared tensor memory maps nothing. */
@@ -61,6 +64,8 @@ struct cx_shm {
     uint8_t *slots;        /* [2][nlocal][chunk] */
     uint8_t *results;      /* [2][chunk] */
     direct_offer *offers;  /* [nlocal] */
+    uint64_t *and_rows;    /* [2][nlocal][AND_MAX_WORDS]: each rank's words of an AND round */
+    unsigned and_rounds;   /* AND rounds so far (the same count on every local rank) */
     unsigned generation;   /* this rank's view of the barrier generation */
     direct_state direct;
     bool exported;         /* this rank's pool is in its offer */
@@ -97,7 +102,7 @@ static void futex_wake_all(atomic_uint *word)
  * slack (about 50 us) per barrier, which at two barriers per chunk was a third of a 256 MiB
  * reduction's time. */
 #define BARRIER_YIELD_S 1e-3
-static void barrier(cx_shm *s)
+static void barrier_yielding(cx_shm *s, double yield_s)
 {
     unsigned gen = s->generation;
     shm_control *c = s->control;
@@ -112,7 +117,7 @@ static void barrier(cx_shm *s)
             if (spins < 128)
                 continue;
             if (until == 0)
-                until = cx_now_s() + BARRIER_YIELD_S;
+                until = cx_now_s() + yield_s;
             if (spins % 64 || cx_now_s() < until) {
                 sched_yield();
                 continue;
@@ -125,6 +130,8 @@ static void barrier(cx_shm *s)
     }
     s->generation = gen + 1;
 }
+
+static void barrier(cx_shm *s) { barrier_yielding(s, BARRIER_YIELD_S); }
 
 cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, cx_shm **out)
 {
@@ -153,7 +160,8 @@ cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, cx_shm **out)
     s->chunk = round_up(chunk_bytes, CACHE_LINE);
     size_t control = round_up(sizeof(shm_control), 4096);
     size_t offers = round_up((size_t)s->nlocal * sizeof(direct_offer), 4096);
-    s->size = control + offers + s->chunk * 2 * (size_t)s->nlocal + s->chunk * 2;
+    size_t and_rows = round_up(2 * (size_t)s->nlocal * AND_MAX_WORDS * sizeof(uint64_t), 4096);
+    s->size = control + offers + and_rows + s->chunk * 2 * (size_t)s->nlocal + s->chunk * 2;
     char name[64];
     snprintf(name, sizeof name, "/conflux-%016llx-%d", (unsigned long long)tag, t->cross_rank);
     int fd = -1;
@@ -198,10 +206,34 @@ cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, cx_shm **out)
     }
     s->control = (shm_control *)s->base;
     s->offers = (direct_offer *)(s->base + control);
-    s->slots = s->base + control + offers;
+    s->and_rows = (uint64_t *)(s->base + control + offers);
+    s->slots = s->base + control + offers + and_rows;
     s->results = s->slots + s->chunk * 2 * (size_t)s->nlocal;
     *out = s;
     return CFX_OK;
+}
+
+/* One barrier per round: rank r writes its words into row [round % 2][r], and after the barrier
+ * every rank ANDs all rows of that parity. A row is rewritten two rounds later, and a rank can only
+ * get there once every rank has passed the next round's barrier, so after it read this round's
+ * rows. A late peer is waited for by yielding for at most AND_YIELD_S, then on the futex: idle
+ * heartbeat rounds come every cycle time or less often, and their ranks arrive close together. */
+#define AND_YIELD_S 200e-6
+bool cx_shm_allreduce_and(cx_shm *s, uint64_t *words, size_t count)
+{
+    if (count > AND_MAX_WORDS)
+        return false;
+    size_t row = AND_MAX_WORDS, half = (size_t)s->nlocal * row;
+    uint64_t *rows = s->and_rows + (size_t)(s->and_rounds++ & 1) * half;
+    memcpy(rows + (size_t)s->me * row, words, count * sizeof *words);
+    barrier_yielding(s, AND_YIELD_S);
+    for (int q = 0; q < s->nlocal; q++) {
+        const uint64_t *peer = rows + (size_t)q * row;
+        if (q != s->me)
+            for (size_t i = 0; i < count; i++)
+                words[i] &= peer[i];
+    }
+    return true;
 }
 
 int cx_shm_direct_state(const cx_shm *s, const char **why)

@@ -49,6 +49,12 @@ typedef struct cx_shm cx_shm;
 cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, cx_shm **out);
 void cx_shm_destroy(cx_shm *s);
 
+/* The control plane's AND-allreduce (words[i] = AND over the local ranks of words[i]) through the
+ * segment, for a job whose ranks all share this host: one barrier, no MPI. False (nothing done)
+ * when `count` exceeds the segment's rows; count is the same on every rank, so all then take the
+ * transport's AND instead. */
+bool cx_shm_allreduce_and(cx_shm *s, uint64_t *words, size_t count);
+
 /* The direct path: 0 not tried yet (no batch had every rank's tensors in shared tensor memory),
  * 1 on, -1 off for good (*why says why: some rank could not map another's pool). */
 int cx_shm_direct_state(const cx_shm *s, const char **why);
