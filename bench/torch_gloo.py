@@ -12,7 +12,7 @@ rows in the C benchmark's CSV format (--raw) with methods:
                  default gradient storage: each .grad a view into its gradient set) over parameters of the
                  workload's shapes; a step calls the optimizer's hooks as backward does once it accumulated
                  each gradient, in reverse registration order, then synchronize() (the C row: conflux_gradset).
-                 Hooks in C++ (conflux._torch_hooks) are called from C++ as autograd calls them, Python
+                 Hooks in C++ (conflux._torch_native) are called from C++ as autograd calls them, Python
                  hooks from Python as autograd calls those (the set's fire_all)
   torch_c_gradset  the C gradient-set step (conflux_gradset's) on such an optimizer's set, from C in
                  this process, timed in the same rounds: the reference of the optimizer rows

@@ -150,12 +150,14 @@ def check_scale(factor, what):
 
 # ---- the context ----
 class _Context:
-    """One cfx_context. `ptr` is None once freed; handles check `alive` before touching it."""
+    """One cfx_context. `ptr` is None once freed; handles check `alive` before touching it.
+    `address` is the pointer as an int, for native code that takes it so (conflux._torch_native)."""
 
-    __slots__ = ("ptr", "__weakref__")
+    __slots__ = ("ptr", "address", "__weakref__")
 
     def __init__(self, ptr):
         self.ptr = ptr
+        self.address = int(ptr) if ptr is not None else 0
 
     @property
     def alive(self):
@@ -449,6 +451,21 @@ def fast_context():
     ctx = _ctx
     if ctx is None or ctx.ptr is None:
         raise NotInitializedError("Conflux has not been initialized; use conflux.init().")
+    if _orphans:
+        _reap_orphans()
+    return ctx
+
+
+_NO_CONTEXT = _Context(None)
+
+
+def native_context():
+    """fast_context() for native code (conflux._ops' _NATIVE): without a live context it returns
+    one whose address is 0, which the native call declines, so that the Python path reports bad
+    arguments before the missing init(), as everywhere."""
+    ctx = _ctx
+    if ctx is None or ctx.ptr is None:
+        return _NO_CONTEXT
     if _orphans:
         _reap_orphans()
     return ctx

@@ -94,6 +94,9 @@ class Adapter(NamedTuple):
     autograd: dict         # op name -> the autograd Function its blocking out-of-place form
     #                        applies when differentiable(x, what) says x needs a gradient
     differentiable: Callable
+    native: Callable = None  # the lone allreduce in native code (conflux._torch_native.allreduce):
+    #                        (form, name, x, op, prescale, postscale, compression, ctx address) ->
+    #                        the result, or None to take the Python path (_NATIVE)
 
 
 # The bodies of the async forms (the blocking ones wait at the end: _blocking). Their globals
@@ -197,6 +200,25 @@ _DIFFERENTIABLE = """\
     if differentiable({x}, WHAT):
         return AUTOGRAD.apply({x}, {params})
 """
+# The lone allreduce where the adapter has it in native code: the plain case in one call, anything
+# else (the native call returns None, as it does without a live context) through the Python body
+# that follows. A blocking call still
+# pending after the native call's first wait comes back as (handle id, keep, result): a Handle
+# waits for the rest. {form}: 0 in place, 1 a new tensor, 2 started in place.
+_NATIVE = """\
+    ctx = native_context()
+    r = native({form}, name, {x}, op, prescale_factor, postscale_factor, compression, ctx.address)
+    if r is not None:
+        if r.__class__ is tuple:
+            return wait(Handle(ctx, r[0], r[1], lambda h, v=r[2]: v, WHAT, name))
+        return r
+"""
+_NATIVE_START = """\
+    ctx = native_context()
+    r = native(2, name, {x}, op, prescale_factor, postscale_factor, compression, ctx.address)
+    if r is not None:
+        return Handle(ctx, r, {x}, lambda h: {x}, WHAT, name)
+"""
 
 
 def _blocking(body):
@@ -209,14 +231,17 @@ def _blocking(body):
 def _functions(op, adapter, fast):
     """{public name: body template} of op's functions; `fast`: the fast path's where it has them."""
     fast = fast and not op.grouped and op.name in _FAST_KIND
+    native = fast and op.name == "allreduce" and adapter.native is not None
     body = _ASYNC[op.result, op.grouped]
     blocking = _FAST[op.result] if fast else _blocking(body)
     out = {op.name + "_async": _FAST_ASYNC.get(op.result, body) if fast else body,
-           op.name: (_DIFFERENTIABLE if op.name in adapter.autograd else "") + blocking}
+           op.name: (_NATIVE.replace("{form}", "1") if native else "") +
+           (_DIFFERENTIABLE if op.name in adapter.autograd else "") + blocking}
     if op.inplace:
         body = _ASYNC_INPLACE[op.grouped]
-        out[op.name + "_async_"] = _FAST_ASYNC_INPLACE if fast else body
-        out[op.name + "_"] = _FAST_INPLACE if fast else _blocking(body)
+        out[op.name + "_async_"] = (_NATIVE_START if native else "") + (_FAST_ASYNC_INPLACE if fast else body)
+        out[op.name + "_"] = (_NATIVE.replace("{form}", "0") if native else "") + \
+            (_FAST_INPLACE if fast else _blocking(body))
     return out
 
 
@@ -224,8 +249,9 @@ def _namespace(op, adapter, module, submit):
     """The globals of op's functions."""
     ns = dict(adapter._asdict(), __name__=module, ENTRY=getattr(_capi, op.entry), WHAT=op.name,
               AUTOGRAD=adapter.autograd.get(op.name), submit=submit, wait=_core.Handle.wait,
-              KIND=_FAST_KIND.get(op.name), run=_capi._capi_native.cfx_py_run,
+              KIND=_FAST_KIND.get(op.name), run=_capi._capi_native.cfx_py_run, native=adapter.native,
               start=_capi._capi_native.cfx_py_submit, context=_core.fast_context,
+              native_context=_core.native_context,
               Handle=_core.Handle,
               check_name=_core.check_name, check_op=_core.check_op, check_root=_core.check_root,
               check_splits=_core.check_splits, check_scale=_core.check_scale,

@@ -226,12 +226,19 @@ _DOCS = {
     "alltoall": "Sends splits[j] rows to rank j; returns (received, received_splits).",
     "reducescatter": "Reduces over ranks; returns this rank's block of dim 0.",
 }
+try:  # conflux.torch's C++ (bindings/python/torch_native.cpp), where the build has it
+    from . import _torch_native
+except ImportError:  # not built, or built against another torch
+    _torch_native = None
+if _torch_native is not None:
+    _torch_native.init_allreduce(_core.raise_status)
 _ADAPTER = _ops.Adapter(
     nouns=("tensor", "tensors"), inplace=_inplace, input=_input, copy=_copy, describe=_describe,
     output_like=_output_like, ndim=lambda t: t.dim(), output=_output,
     as_splits=lambda splits: torch.tensor(splits, dtype=torch.int32),
     autograd={"allreduce": _AllreduceFn, "allgather": _AllgatherFn, "broadcast": _BroadcastFn},
-    differentiable=_differentiable)
+    differentiable=_differentiable,
+    native=_torch_native.allreduce if _torch_native is not None else None)
 _ops.install(globals(), _ADAPTER, _DOCS)
 
 

@@ -5,8 +5,8 @@ named_parameters (ranks may register in different orders), and commits it: colle
 rank's names, dtypes and shapes checked. With the default storage ("conflux") each CPU parameter's
 .grad becomes a view into the set's owned storage (shared tensor memory laid out by bucket), so
 backward accumulates straight into the buffers the engine reduces in place. A hook that runs once
-backward accumulated a gradient marks it ready: in C++ where the build has conflux._torch_hooks
-(bindings/python/torch_hooks.cpp, no Python per gradient), else a Python hook calling the SWIG
+backward accumulated a gradient marks it ready: in C++ where the build has conflux._torch_native
+(bindings/python/torch_native.cpp, no Python per gradient), else a Python hook calling the SWIG
 entry itself; a bucket goes out when its last gradient is ready, while backward goes on; step() and
 synchronize() wait for the set. The views stay across zero_grad(), also with set_to_none=True.
 
@@ -41,10 +41,7 @@ from .gradset import _Native, _View
 from .torch import (FP16Compressor, NoneCompressor, Adasum, Average, Max, Min, Product, Sum,
                     _check_dtype, _compressible, allreduce_async_, size)
 
-try:  # the hooks in C++ (bindings/python/torch_hooks.cpp), where the build has them
-    from . import _torch_hooks
-except ImportError:
-    _torch_hooks = None
+from .torch import _torch_native  # the hooks in C++ where the build has them, else None
 
 STORAGES = ("conflux", "framework")
 _set_serials = weakref.WeakKeyDictionary()  # context -> the numbers of its optimizers' sets
@@ -105,7 +102,7 @@ def _view_hook(ptr, i, fired, p, view):
 
 
 class _PythonHooks:
-    """A set's hooks in Python, where conflux._torch_hooks is not built, with its Hooks' interface:
+    """A set's hooks in Python, where conflux._torch_native is not built, with its Hooks' interface:
     fire(i) / fire_all() (last first) run them as backward does, fired() / fired_any() /
     fired_all() / clear() tell and reset which ran this step, remove() takes them off."""
 
@@ -201,8 +198,8 @@ class _GradSet:
         self.params = [p for _, p in entries]
         # C++ hooks where the build has them: what the Python hooks do, without the interpreter.
         views = [buf for _, buf in self.views]
-        self._hooks = (_torch_hooks.Hooks(int(ptr), self.params, views, _refused)
-                       if _torch_hooks is not None else
+        self._hooks = (_torch_native.Hooks(int(ptr), self.params, views, _refused)
+                       if _torch_native is not None else
                        _PythonHooks(ptr, self.params, views, nodes))
         handles.append(self._hooks)  # .remove() takes them off
         # per gradient, what backward calls once it accumulated it

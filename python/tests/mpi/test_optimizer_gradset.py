@@ -16,17 +16,17 @@ import conflux.torch as cfx
 from conflux import torch_optimizer
 from conftest import contribution, expected_reduce, tolerance
 
-NATIVE_HOOKS = torch_optimizer._torch_hooks
+NATIVE_HOOKS = torch_optimizer._torch_native
 
 
 @pytest.fixture(autouse=True, params=["c++ hooks", "python hooks"])
 def hooks(request, monkeypatch):
-    """Every test twice: with the optimizer's hooks in C++ (conflux._torch_hooks, where the build
+    """Every test twice: with the optimizer's hooks in C++ (conflux._torch_native, where the build
     has them) and with the same hooks in Python (the fallback)."""
     if request.param == "python hooks":
-        monkeypatch.setattr(torch_optimizer, "_torch_hooks", None)
+        monkeypatch.setattr(torch_optimizer, "_torch_native", None)
     elif NATIVE_HOOKS is None:
-        pytest.skip("conflux._torch_hooks is not built (CONFLUX_WITH_TORCH_HOOKS: libtorch-dev "
+        pytest.skip("conflux._torch_native is not built (CONFLUX_WITH_TORCH_NATIVE: libtorch-dev "
                     "and pybind11-dev): only the Python hooks run")
     return request.param
 
