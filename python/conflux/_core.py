@@ -399,8 +399,8 @@ class Handle:
                 "Conflux was shut down before this %s completed" % self.op)
             self._keep = None
             return
-        try:
-            _capi.cfx_py_wait(ctx.ptr, self._id, timeout_s)
+        try:  # the extension's function itself, not _capi's wrapper: a frame less on every wait
+            _native.cfx_py_wait(ctx.ptr, self._id, timeout_s)
         except WaitTimeoutError:
             raise
         except BaseException as exc:
@@ -424,7 +424,7 @@ class Handle:
         self._finish = None
         if hid and ctx.alive:
             try:
-                _capi.cfx_handle_release(ctx.ptr, hid)
+                _native.cfx_handle_release(ctx.ptr, hid)
             except (ConfluxError, ValueError):
                 pass
         self._id = 0
