@@ -2,7 +2,8 @@
  * Overhead.java - per-call cost of a 1-element allreduce (enqueue + wait) through org.conflux, on a
  * float[] (copied) and on a direct FloatBuffer (zero-copy), interleaved in blocks with the same call
  * made from C in this process (a JNI helper reached by reflection: it is not public API), so that
- * all three see the same conditions. See run.sh.
+ * all three see the same conditions. Each Java path first runs WARM_CALLS untimed calls, so that
+ * the timed ones run the JIT's compiled code. See run.sh.
  * Usage: java -cp conflux.jar Overhead.java [iterations] [blocks]
  * Rank 0 prints "<path> <median_us> <p10> <p90>" for c-in-java, java-array and java-buffer.
  */
@@ -15,6 +16,8 @@ import org.conflux.Conflux;
 import org.conflux.ReduceOp;
 
 public final class Overhead {
+    static final int WARM_CALLS = 20_000;
+
     public static void main(String[] args) throws Exception {
         int iters = args.length > 0 ? Integer.parseInt(args[0]) : 5000;
         int blocks = args.length > 1 ? Integer.parseInt(args[1]) : 10;
@@ -32,7 +35,14 @@ public final class Overhead {
             double[] ta = new double[per * blocks];
             double[] tb = new double[per * blocks];
             double[] block = new double[per];
-            for (int k = -1; k < blocks; k++) {     // block -1 warms up (JIT) and is not counted
+            // Steady state, not the JIT's warm-up: HotSpot compiles a method fully (C2) after about
+            // 10,000 calls, on compiler threads that would share the 2 cores with the timed calls.
+            for (int i = 0; i < WARM_CALLS; i++) {
+                cfx.allreduce("ovh", a, ReduceOp.SUM);
+                cfx.allreduce("ovh", b, ReduceOp.SUM);
+            }
+            Thread.sleep(200);  // let the compiler threads finish
+            for (int k = -1; k < blocks; k++) {     // block -1 warms up the C loop and is not counted
                 int st = (Integer) cLoop.invoke(null, ctx, block);
                 if (st != 0) {
                     throw new IllegalStateException("C loop failed: status " + st);
