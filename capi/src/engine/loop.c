@@ -497,7 +497,7 @@ static cfx_status cycle(cx_loop *L, bool *progress, bool *stop)
     for (size_t w = 0; w < words; w++)
         invalid[w] = ~L->invalid_mask[w];
     /* One host: the agreement goes through the shared-memory segment, not MPI (docs/architecture.md
-     * "Agreement over shared memory"). */
+     * "One cycle in detail"). */
     bool by_shm = L->exec.shm && !L->exec.hierarchical && cx_shm_allreduce_and(L->exec.shm, L->vec, nvec);
     if (!by_shm && (st = t->ops->allreduce_and(t, L->vec, nvec)))
         return st;

@@ -1,5 +1,6 @@
 /*
- * shm - the intra-node shared-memory allreduce, and its two-level (hierarchical) form.
+ * shm - the intra-node shared-memory allreduce, its two-level (hierarchical) form, and the
+ * one-host agreement.
  *
  * The ranks of one host map one POSIX shared-memory segment: a double-buffered input slot of one
  * chunk per local rank, a double-buffered result area, and a barrier. A reduction runs chunk by
@@ -30,8 +31,11 @@
  * its own block across hosts over MPI (the cross communicator), so every local rank drives its own
  * share of the inter-node traffic, then the local copy out distributes the result.
  *
+ * When every rank of the job is on this host, the segment also carries the control plane's
+ * per-cycle AND of words (cx_shm_allreduce_and): rows of words a rank and the same barrier.
+ *
  * Set up collectively at context creation over the transport's control plane; used by the
- * background thread alone.
+ * thread that runs the cycles alone.
  */
 #ifndef CFX_SHM_H
 #define CFX_SHM_H
