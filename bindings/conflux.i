@@ -9,6 +9,7 @@
 
 %{
 #include "conflux/conflux.h"
+#include "lone_allreduce.h"
 %}
 
 %include <stdint.i>

@@ -370,7 +370,7 @@ local start = {}
 -- (a Lua function call costs ~50 ns here, and this path is ~0.2 µs in all); anything else goes the
 -- checked way, which raises the error that names what was wrong.
 local run = core.run
-local OP_SUM, NO_COMPRESSION = OP.sum, COMPRESSION.none
+local NO_COMPRESSION, NO_OPTIONS = COMPRESSION.none, {}
 
 local function checked_run(kind, data, arg, opts)
   local c = context(3)
@@ -392,22 +392,17 @@ local function checked_run(kind, data, arg, opts)
 end
 
 function M.allreduce(data, opts)
-  local c = ctx
-  if c and type(opts) == "table" and detached[1] == nil then
-    local name, dtype = opts.name, opts.dtype
-    local op, z = OP[opts.op or "sum"], COMPRESSION[opts.compression or "none"]
-    if op and z and (name == nil or type(name) == "string") then
-      local code = dtype ~= nil and DTYPE[dtype] or nil
-      if code ~= nil or dtype == nil then
-        local ok, st, msg = run(c, 0, name, data, op, opts.prescale or 1.0, opts.postscale or 1.0, z, code)
-        if not ok then raise(st, msg, 2) end
-        return data
-      end
+  local c, o = ctx, opts
+  if o == nil then o = NO_OPTIONS end
+  if c and type(o) == "table" and detached[1] == nil then
+    local name, dtype = o.name, o.dtype
+    local op, z = OP[o.op or "sum"], COMPRESSION[o.compression or "none"]
+    local code = dtype ~= nil and DTYPE[dtype] or nil
+    if op and z and (name == nil or type(name) == "string") and (code or dtype == nil) then
+      local ok, st, msg = run(c, 0, name, data, op, o.prescale or 1.0, o.postscale or 1.0, z, code)
+      if not ok then raise(st, msg, 2) end
+      return data
     end
-  elseif c and opts == nil and detached[1] == nil then
-    local ok, st, msg = run(c, 0, nil, data, OP_SUM, 1.0, 1.0, NO_COMPRESSION, nil)
-    if not ok then raise(st, msg, 2) end
-    return data
   end
   return checked_run(0, data, nil, opts)
 end

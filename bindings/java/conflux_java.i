@@ -160,23 +160,6 @@ static void cfxj_set_message(const char *msg) {
     snprintf(cfxj_message_tl, sizeof cfxj_message_tl, "%s", msg ? msg : "");
 }
 
-/* Submits an allreduce of `t`; a compression other than NONE goes through
- * cfx_allreduce_async_opts. */
-static cfx_status cfxj_submit_allreduce(cfx_context *ctx, const char *name, const cfx_tensor *t,
-                                        int32_t op, double prescale, double postscale,
-                                        int32_t compression, cfx_handle *h) {
-    cfx_allreduce_options o;
-    cfx_status s;
-    if (compression == CFX_COMPRESSION_NONE)
-        return cfx_allreduce_async(ctx, name, t, NULL, (cfx_reduce_op)op, prescale, postscale, h);
-    s = cfx_allreduce_options_init(&o, CFX_ALLREDUCE_OPTIONS_VERSION);
-    o.op = op;
-    o.prescale = prescale;
-    o.postscale = postscale;
-    o.compression = compression;
-    return s == CFX_OK ? cfx_allreduce_async_opts(ctx, name, t, NULL, &o, h) : s;
-}
-
 /* Returns the handle, or 0 after recording the status. */
 static cfx_handle cfxj_handle_or_zero(cfx_status s, cfx_handle h) {
     if (s != CFX_OK) {
@@ -300,14 +283,13 @@ int cfxj_run(JNIEnv *jenv, cfx_context *ctx, int32_t kind, const char *name, job
     }
     t = cfxj_tensor(data, count, dtype, shape);
     s = kind == 1 ? cfx_broadcast_async(ctx, name, &t, arg, &h)
-                  : cfxj_submit_allreduce(ctx, name, &t, arg, prescale, postscale, compression, &h);
+                  : cfx_bind_allreduce_async(ctx, name, &t, NULL, arg, prescale, postscale, compression, &h);
     if (s != CFX_OK) {
         cfxj_set_message(cfx_last_error());
     } else {
         s = cfx_wait(ctx, h, -1.0);
         if (s != CFX_OK) {
-            const char *msg = cfx_handle_message(ctx, h);
-            cfxj_set_message(msg && msg[0] ? msg : cfx_last_error());
+            cfxj_set_message(cfx_last_error()); /* a failed wait leaves the collective's message there */
         } else if (array && cfxj_copy_array(jenv, array, staged, bytes, 1) != 0) {
             s = CFX_ERR_OUT_OF_MEMORY;
             cfxj_set_message("Conflux: cannot copy the result into the array");
@@ -328,7 +310,7 @@ cfx_handle cfxj_allreduce_opts(cfx_context *ctx, const char *name, int64_t data,
     int64_t shape[1];
     cfx_tensor t = cfxj_tensor(data, count, dtype, shape);
     cfx_handle h = 0;
-    cfx_status s = cfxj_submit_allreduce(ctx, name, &t, op, prescale, postscale, compression, &h);
+    cfx_status s = cfx_bind_allreduce_async(ctx, name, &t, NULL, op, prescale, postscale, compression, &h);
     return cfxj_handle_or_zero(s, h);
 }
 

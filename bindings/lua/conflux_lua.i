@@ -542,22 +542,6 @@ static int cfxl_push_handle(lua_State *L, cfx_status s, cfx_handle h) {
     return 1;
 }
 
-/* Submits an allreduce of `t` (a compression other than NONE goes through
- * cfx_allreduce_async_opts). */
-static cfx_status cfxl_submit_allreduce(cfx_context *ctx, const char *name, cfx_tensor *t, int op,
-                                        double pre, double post, int32_t compression, cfx_handle *h) {
-    cfx_allreduce_options o;
-    cfx_status s;
-    if (compression == CFX_COMPRESSION_NONE)
-        return cfx_allreduce_async(ctx, name, t, NULL, (cfx_reduce_op)op, pre, post, h);
-    s = cfx_allreduce_options_init(&o, CFX_ALLREDUCE_OPTIONS_VERSION);
-    o.op = op;
-    o.prescale = pre;
-    o.postscale = post;
-    o.compression = compression;
-    return s == CFX_OK ? cfx_allreduce_async_opts(ctx, name, t, NULL, &o, h) : s;
-}
-
 /* allreduce(ctx, name, array, op [, prescale, postscale [, compression]]) -> handle | nil, status,
  * message */
 static int cfxl_allreduce(lua_State *L) {
@@ -570,7 +554,7 @@ static int cfxl_allreduce(lua_State *L) {
     int64_t shape[1];
     cfx_tensor t = cfxl_tensor(a, shape);
     cfx_handle h = 0;
-    cfx_status s = cfxl_submit_allreduce(ctx, name, &t, op, pre, post, compression, &h);
+    cfx_status s = cfx_bind_allreduce_async(ctx, name, &t, NULL, op, pre, post, compression, &h);
     return cfxl_push_handle(L, s, h);
 }
 
@@ -728,16 +712,11 @@ static int cfxl_run(lua_State *L) {
     }
     t = cfxl_tensor(a, shape);
     s = kind == 1 ? cfx_broadcast_async(ctx, name, &t, arg, &h)
-                  : cfxl_submit_allreduce(ctx, name, &t, arg, pre, post, compression, &h);
+                  : cfx_bind_allreduce_async(ctx, name, &t, NULL, arg, pre, post, compression, &h);
     if (s != CFX_OK) return cfxl_fail_last(L, s);
     s = cfx_wait(ctx, h, -1.0);
-    if (s != CFX_OK) {
-        const char *msg = cfx_handle_message(ctx, h);
-        lua_pushstring(L, msg && msg[0] ? msg : cfx_last_error());  /* the message outlives the handle */
-        (void)cfx_handle_release(ctx, h);
-        return cfxl_fail(L, s, lua_tostring(L, -1));
-    }
     (void)cfx_handle_release(ctx, h);
+    if (s != CFX_OK) return cfxl_fail_last(L, s); /* a failed wait leaves the collective's message */
     if (a == &staged) {
         for (i = 0; i < a->n; i++) {
             cfxl_push_elem(L, a, i);

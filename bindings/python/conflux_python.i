@@ -317,15 +317,7 @@ static PyObject *cfx_py_gradset_wait(cfx_gradset *set, double timeout_s) {
 static cfx_status cfx_py_allreduce_async(cfx_context *ctx, const char *name, const cfx_tensor *input,
                                          void *output, int op, double prescale, double postscale,
                                          int compression, cfx_handle *out) {
-    if (compression == CFX_COMPRESSION_NONE)
-        return cfx_allreduce_async(ctx, name, input, output, (cfx_reduce_op)op, prescale, postscale, out);
-    cfx_allreduce_options o;
-    (void)cfx_allreduce_options_init(&o, CFX_ALLREDUCE_OPTIONS_VERSION);
-    o.op = op;
-    o.prescale = prescale;
-    o.postscale = postscale;
-    o.compression = compression;
-    return cfx_allreduce_async_opts(ctx, name, input, output, &o, out);
+    return cfx_bind_allreduce_async(ctx, name, input, output, op, prescale, postscale, compression, out);
 }
 
 /* ---- the fast path of lone collectives ----

@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "conflux/conflux.h"
+#include "lone_allreduce.h"
 
 namespace py = pybind11;
 using torch::autograd::Node;
@@ -278,18 +279,8 @@ PyObject *lone_allreduce(PyObject *, PyObject *const *args, Py_ssize_t nargs)
     cfx_handle h = 0;
     cfx_status sub, st = CFX_ERR_TIMEOUT;
     Py_BEGIN_ALLOW_THREADS
-    if (compression == CFX_COMPRESSION_NONE) {
-        sub = cfx_allreduce_async(ctx, name, &desc, output, static_cast<cfx_reduce_op>(op), pre, post, &h);
-    } else {
-        cfx_allreduce_options o;
-        sub = cfx_allreduce_options_init(&o, CFX_ALLREDUCE_OPTIONS_VERSION);
-        o.op = static_cast<int32_t>(op);
-        o.prescale = pre;
-        o.postscale = post;
-        o.compression = static_cast<int32_t>(compression);
-        if (sub == CFX_OK)
-            sub = cfx_allreduce_async_opts(ctx, name, &desc, output, &o, &h);
-    }
+    sub = cfx_bind_allreduce_async(ctx, name, &desc, output, static_cast<int>(op), pre, post,
+                                   static_cast<int>(compression), &h);
     if (sub == CFX_OK && form != 2) {
         st = cfx_wait(ctx, h, WAIT_FIRST_S);
         if (st == CFX_OK)
@@ -312,8 +303,7 @@ PyObject *lone_allreduce(PyObject *, PyObject *const *args, Py_ssize_t nargs)
         return Py_BuildValue("(KNN)", static_cast<unsigned long long>(h), keep, result);
     }
     Py_DECREF(result);
-    const char *msg = cfx_handle_message(ctx, h);
-    std::string message = msg && msg[0] ? msg : cfx_last_error();
+    std::string message = cfx_last_error(); /* a failed wait leaves the collective's message there */
     (void)cfx_handle_release(ctx, h);
     return raise_status(st, message.c_str());
 }

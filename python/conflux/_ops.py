@@ -202,9 +202,8 @@ _DIFFERENTIABLE = """\
 """
 # The lone allreduce where the adapter has it in native code: the plain case in one call, anything
 # else (the native call returns None, as it does without a live context) through the Python body
-# that follows. A blocking call still
-# pending after the native call's first wait comes back as (handle id, keep, result): a Handle
-# waits for the rest. {form}: 0 in place, 1 a new tensor, 2 started in place.
+# that follows. A blocking call still pending after the native call's first wait comes back as
+# (handle id, keep, result): a Handle waits for the rest. {form}: 0 in place, 1 a new tensor.
 _NATIVE = """\
     ctx = native_context()
     r = native({form}, name, {x}, op, prescale_factor, postscale_factor, compression, ctx.address)
