@@ -28,14 +28,20 @@ M._VERSION = core.cfx_version_string()
 
 -- ---- errors -------------------------------------------------------------------------------------
 
-local KIND = {
-  [1] = "invalid_argument", [2] = "not_initialized", [3] = "shut_down", [4] = "duplicate_name",
-  [5] = "mismatch", [6] = "unsupported", [7] = "out_of_memory", [8] = "transport", [9] = "timeout",
-  [10] = "in_progress", [11] = "stale_handle", [12] = "stall", [13] = "peer_lost", [14] = "config",
-  [15] = "version", [16] = "joined", [17] = "internal", [18] = "cuda", [19] = "nccl",
-}
+-- The error kinds are the C library's status names in lower case (cfx_status_name: "MISMATCH" ->
+-- "mismatch"), read from it once at load, so a status added there has its kind here.
+local KIND = {}
 M.kinds = {}
-for code, kind in pairs(KIND) do M.kinds[kind] = code end
+do
+  local code = 1
+  local name = core.cfx_status_name(code)
+  while name ~= nil do
+    KIND[code] = name:lower()
+    M.kinds[KIND[code]] = code
+    code = code + 1
+    name = core.cfx_status_name(code)
+  end
+end
 
 local Error = {}
 Error.__index = Error
@@ -185,7 +191,7 @@ function M.local_size() return int(core.cfx_local_size(context(2))) end
 function M.cross_rank() return int(core.cfx_cross_rank(context(2))) end
 function M.cross_size() return int(core.cfx_cross_size(context(2))) end
 
---- "1.0.0"
+--- "1.1.0"
 function M.version() return core.cfx_version_string() end
 --- MAJOR * 10000 + MINOR * 100 + PATCH
 function M.version_number() return int(core.cfx_version()) end

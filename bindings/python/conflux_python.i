@@ -16,6 +16,7 @@
  */
 
 %{
+#include <ctype.h>
 #include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -23,12 +24,13 @@
 #include <time.h>
 #include <unistd.h>
 
-/* One exception class per status (index = status value), created at module init. */
-static PyObject *cfx_py_exc[CFX_ERR_NCCL + 1];
+/* One exception class per status (index = status value), created at module init from the C
+ * library's own list (cfx_status_name), so a status added there gets its class here. */
+static PyObject *cfx_py_exc[CFX_STATUS_COUNT];
 static PyObject *cfx_py_exc_base;
 
 static PyObject *cfx_py_class_for(int status) {
-    if (status > 0 && status <= CFX_ERR_NCCL && cfx_py_exc[status] != NULL) return cfx_py_exc[status];
+    if (status > 0 && status < CFX_STATUS_COUNT && cfx_py_exc[status] != NULL) return cfx_py_exc[status];
     return cfx_py_exc_base;
 }
 
@@ -41,39 +43,49 @@ static void cfx_py_raise(int status, const char *msg) {
     Py_DECREF(text);
 }
 
+/* What Python adds to a status's class, by its cfx_status_name: a builtin base where Python code
+ * expects one (a bad local argument is a ValueError; "X" = X only, a local error; "X+" =
+ * ConfluxError and X), and one renamed class (TIMEOUT: Python's builtin TimeoutError would be
+ * shadowed). A status not listed is a ConfluxError named after it (PEER_LOST: PeerLostError). */
+static const struct { const char *status; const char *class_name; const char *extra_base; }
+    cfx_py_error_extras[] = {
+        {"INVALID_ARGUMENT", NULL, "ValueError"},
+        {"NOT_INITIALIZED", NULL, "ValueError+"},
+        {"DUPLICATE_NAME", NULL, "ValueError"},
+        {"UNSUPPORTED", NULL, "NotImplementedError+"},
+        {"OUT_OF_MEMORY", NULL, "MemoryError+"},
+        {"TIMEOUT", "WaitTimeoutError", NULL},
+        {"STALE_HANDLE", NULL, "ValueError"},
+        {"CONFIG", NULL, "ValueError+"},
+};
+
+/* "PEER_LOST" -> "PeerLostError" in `out`. */
+static void cfx_py_class_name(const char *status_name, char *out, size_t size) {
+    size_t n = 0;
+    int upper = 1;
+    for (const char *c = status_name; *c != '\0' && n + 6 < size; c++) {
+        if (*c == '_') { upper = 1; continue; }
+        out[n++] = upper ? *c : (char)tolower((unsigned char)*c);
+        upper = 0;
+    }
+    snprintf(out + n, size - n, "Error");
+}
+
+/* The bases of a status's class: ConfluxError, and/or the builtin `extra` ("X" or "X+"). */
+static PyObject *cfx_py_error_bases(const char *extra) {
+    if (extra == NULL) return Py_BuildValue("(O)", cfx_py_exc_base);
+    char bname[64];
+    size_t n = strlen(extra);
+    int both = extra[n - 1] == '+';
+    snprintf(bname, sizeof bname, "%.*s", (int)(both ? n - 1 : n), extra);
+    PyObject *builtin = PyDict_GetItemString(PyEval_GetBuiltins(), bname); /* borrowed */
+    if (builtin == NULL) return PyErr_Format(PyExc_RuntimeError, "no builtin %s", bname);
+    return both ? Py_BuildValue("(OO)", cfx_py_exc_base, builtin) : Py_BuildValue("(O)", builtin);
+}
+
+/* Creates ConfluxError and one class per status (1 .. CFX_STATUS_COUNT - 1) in `module_dict`, and
+ * ERROR_CLASSES there: the status classes in status order, for the package to export. */
 static int cfx_py_make_errors(PyObject *module_dict) {
-    struct { int status; const char *name; const char *extra_base; const char *doc; } table[] = {
-        {CFX_ERR_INVALID_ARGUMENT, "InvalidArgumentError", "ValueError",
-         "A bad argument detected locally, at the call."},
-        {CFX_ERR_NOT_INITIALIZED, "NotInitializedError", "ValueError+",
-         "Conflux has not been initialized; call conflux.init() first."},
-        {CFX_ERR_SHUT_DOWN, "ShutDownError", NULL,
-         "Conflux was shut down (locally, or by another rank) before the collective ran."},
-        {CFX_ERR_DUPLICATE_NAME, "DuplicateNameError", "ValueError",
-         "A tensor of that name is already in flight on this rank."},
-        {CFX_ERR_MISMATCH, "MismatchError", NULL,
-         "Ranks disagreed on a tensor (dtype, shape, op, root, ...); raised on every rank."},
-        {CFX_ERR_UNSUPPORTED, "UnsupportedError", "NotImplementedError+",
-         "A valid request that this build or this collective does not support."},
-        {CFX_ERR_OUT_OF_MEMORY, "OutOfMemoryError", "MemoryError+", "Conflux ran out of memory."},
-        {CFX_ERR_TRANSPORT, "TransportError", NULL, "The transport (MPI) reported an error."},
-        {CFX_ERR_TIMEOUT, "WaitTimeoutError", NULL,
-         "The wait's deadline passed first; the collective is still pending."},
-        {CFX_ERR_IN_PROGRESS, "InProgressError", NULL, "The collective has not completed yet."},
-        {CFX_ERR_STALE_HANDLE, "StaleHandleError", "ValueError",
-         "The handle was released or never existed."},
-        {CFX_ERR_STALL, "StallError", NULL,
-         "Some ranks never submitted the tensor before the stall deadline."},
-        {CFX_ERR_PEER_LOST, "PeerLostError", NULL, "A peer rank exited or stopped answering."},
-        {CFX_ERR_CONFIG, "ConfigError", "ValueError+", "A malformed CFX_* variable or option value."},
-        {CFX_ERR_VERSION, "VersionError", NULL, "An options struct version this library does not know."},
-        {CFX_ERR_JOINED, "JoinedError", NULL,
-         "The collective cannot run while some ranks have joined."},
-        {CFX_ERR_INTERNAL, "InternalError", NULL, "An internal error of Conflux (a bug)."},
-        {CFX_ERR_CUDA, "CudaError", NULL, "A CUDA call failed."},
-        {CFX_ERR_NCCL, "NcclError", NULL, "An NCCL call failed."},
-    };
-    PyObject *builtins = PyEval_GetBuiltins(); /* borrowed */
     PyObject *dict = Py_BuildValue("{s:i,s:s}", "status", 0, "__doc__",
                                    "Base of the errors decided across ranks (surfaced at synchronize/wait).");
     if (dict == NULL) return -1;
@@ -81,30 +93,42 @@ static int cfx_py_make_errors(PyObject *module_dict) {
     Py_DECREF(dict);
     if (cfx_py_exc_base == NULL || PyDict_SetItemString(module_dict, "ConfluxError", cfx_py_exc_base) < 0)
         return -1;
-    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
-        /* extra_base: NULL = ConfluxError only; "X" = X only (a local error); "X+" = ConfluxError and X. */
-        PyObject *bases;
-        if (table[i].extra_base == NULL) {
-            bases = Py_BuildValue("(O)", cfx_py_exc_base);
-        } else {
-            char bname[64];
-            size_t n = strlen(table[i].extra_base);
-            int both = table[i].extra_base[n - 1] == '+';
-            snprintf(bname, sizeof bname, "%.*s", (int)(both ? n - 1 : n), table[i].extra_base);
-            PyObject *extra = PyDict_GetItemString(builtins, bname); /* borrowed */
-            if (extra == NULL) return -1;
-            bases = both ? Py_BuildValue("(OO)", cfx_py_exc_base, extra) : Py_BuildValue("(O)", extra);
+    PyObject *classes = PyList_New(0);
+    if (classes == NULL) return -1;
+    for (int status = 1; status < CFX_STATUS_COUNT; status++) {
+        const char *status_name = cfx_status_name((cfx_status)status);
+        const char *class_name = NULL, *extra = NULL;
+        char derived[64], qual[96], doc[256];
+        for (size_t i = 0; i < sizeof cfx_py_error_extras / sizeof cfx_py_error_extras[0]; i++) {
+            if (strcmp(cfx_py_error_extras[i].status, status_name) == 0) {
+                class_name = cfx_py_error_extras[i].class_name;
+                extra = cfx_py_error_extras[i].extra_base;
+            }
         }
-        if (bases == NULL) return -1;
-        char qual[96];
-        snprintf(qual, sizeof qual, "conflux.%s", table[i].name);
-        dict = Py_BuildValue("{s:i,s:s}", "status", table[i].status, "__doc__", table[i].doc);
+        cfx_py_class_name(status_name, derived, sizeof derived);
+        if (class_name == NULL) class_name = derived;
+        snprintf(qual, sizeof qual, "conflux.%s", class_name);
+        snprintf(doc, sizeof doc, "Status %s (%d): %s.", status_name, status,
+                 cfx_status_string((cfx_status)status));
+        PyObject *bases = cfx_py_error_bases(extra);
+        dict = bases ? Py_BuildValue("{s:i,s:s}", "status", status, "__doc__", doc) : NULL;
         PyObject *cls = dict ? PyErr_NewException(qual, bases, dict) : NULL;
         Py_XDECREF(dict);
-        Py_DECREF(bases);
-        if (cls == NULL || PyDict_SetItemString(module_dict, table[i].name, cls) < 0) return -1;
-        cfx_py_exc[table[i].status] = cls; /* keeps the reference for the module's lifetime */
+        Py_XDECREF(bases);
+        if (cls == NULL || PyDict_SetItemString(module_dict, class_name, cls) < 0 ||
+            PyList_Append(classes, cls) < 0) {
+            Py_DECREF(classes);
+            return -1;
+        }
+        cfx_py_exc[status] = cls; /* keeps the reference for the module's lifetime */
     }
+    PyObject *tuple = PyList_AsTuple(classes);
+    Py_DECREF(classes);
+    if (tuple == NULL || PyDict_SetItemString(module_dict, "ERROR_CLASSES", tuple) < 0) {
+        Py_XDECREF(tuple);
+        return -1;
+    }
+    Py_DECREF(tuple);
     return 0;
 }
 

@@ -13,6 +13,23 @@ describe("conflux errors", function()
     rank, size = cfx.rank(), cfx.size()
   end)
 
+  it("has one error kind per C status, its cfx_status_name in lower case", function()
+    local core = require "conflux_core"
+    local count = 0
+    while core.cfx_status_name(count + 1) ~= nil do
+      count = count + 1
+      local kind = core.cfx_status_name(count):lower()
+      assert.are.equal(count, cfx.kinds[kind], kind)
+    end
+    assert.are.equal(core.CFX_STATUS_COUNT - 1, count)
+    assert.are.equal("OK", core.cfx_status_name(0))
+    assert.are.equal(5, cfx.kinds.mismatch)    -- CFX_ERR_MISMATCH in the header
+    assert.are.equal(13, cfx.kinds.peer_lost)  -- CFX_ERR_PEER_LOST
+    local n = 0
+    for _ in pairs(cfx.kinds) do n = n + 1 end
+    assert.are.equal(count, n)
+  end)
+
   it("raises a mismatch on every rank, naming the tensor; the next allreduce works", function()
     local a = cfx.array("float32", rank == 0 and 4 or 5)
     local e = S.conflux_error(cfx.allreduce, a, { name = "bad.shape" })

@@ -18,28 +18,13 @@ import numpy as _np
 from . import _capi
 from . import _capi_native as _native
 
-# ---- exceptions (created by the SWIG module, one class per status) ----
+# ---- exceptions ----
+# The SWIG module creates ConfluxError and one subclass per status of the C library's list
+# (cfx_status_name: MISMATCH -> MismatchError), in status order; they are this module's attributes
+# and the package's by the same names.
 ConfluxError = _native.ConfluxError
-InvalidArgumentError = _native.InvalidArgumentError
-NotInitializedError = _native.NotInitializedError
-ShutDownError = _native.ShutDownError
-DuplicateNameError = _native.DuplicateNameError
-MismatchError = _native.MismatchError
-UnsupportedError = _native.UnsupportedError
-OutOfMemoryError = _native.OutOfMemoryError
-TransportError = _native.TransportError
-WaitTimeoutError = _native.WaitTimeoutError
-InProgressError = _native.InProgressError
-StaleHandleError = _native.StaleHandleError
-StallError = _native.StallError
-PeerLostError = _native.PeerLostError
-ConfigError = _native.ConfigError
-VersionError = _native.VersionError
-JoinedError = _native.JoinedError
-InternalError = _native.InternalError
-CudaError = _native.CudaError
-NcclError = _native.NcclError
-
+STATUS_ERRORS = _native.ERROR_CLASSES
+globals().update((cls.__name__, cls) for cls in STATUS_ERRORS)
 
 
 class DtypeError(TypeError, ValueError):
@@ -56,13 +41,7 @@ BASE_NAMES = (
     "Sum", "Average", "Min", "Max", "Product", "Adasum",
 )
 
-ERROR_NAMES = (
-    "DtypeError",
-    "ConfluxError", "InvalidArgumentError", "NotInitializedError", "ShutDownError",
-    "DuplicateNameError", "MismatchError", "UnsupportedError", "OutOfMemoryError", "TransportError",
-    "WaitTimeoutError", "InProgressError", "StaleHandleError", "StallError", "PeerLostError",
-    "ConfigError", "VersionError", "JoinedError", "InternalError", "CudaError", "NcclError",
-)
+ERROR_NAMES = ("DtypeError", "ConfluxError") + tuple(cls.__name__ for cls in STATUS_ERRORS)
 
 # ---- reduction ops ----
 Sum = _capi.CFX_OP_SUM
@@ -258,7 +237,7 @@ def cross_size():
 
 
 def version():
-    """The library's version string, e.g. "1.0.0"."""
+    """The library's version string, e.g. "1.1.0"."""
     return _capi.cfx_version_string()
 
 

@@ -38,16 +38,17 @@ extern "C" {
 /* ---- Versions --------------------------------------------------------------------------------- */
 
 #define CFX_VERSION_MAJOR 1
-#define CFX_VERSION_MINOR 0
+#define CFX_VERSION_MINOR 1
 #define CFX_VERSION_PATCH 0
-/* MAJOR * 10000 + MINOR * 100 + PATCH, written out (no expressions in public macros). */
-#define CFX_VERSION_NUMBER 10000
+/* MAJOR * 10000 + MINOR * 100 + PATCH, written out (no expressions in public macros). The minor
+ * version is that of the newest symbol-version node of capi/conflux.map (CONFLUX_1.1). */
+#define CFX_VERSION_NUMBER 10100
 /* The ABI major: the soname is libconflux.so.<CFX_ABI_VERSION>. */
 #define CFX_ABI_VERSION 1
 
 /* The library's CFX_VERSION_NUMBER (compare with the header's to detect a mismatched install). */
 CFX_API int cfx_version(void);
-/* "1.0.0"; static storage. */
+/* "1.1.0"; static storage. */
 CFX_API const char *cfx_version_string(void);
 
 /* Bits of cfx_features(). */
@@ -64,31 +65,61 @@ CFX_API uint32_t cfx_features(void);
 
 /* ---- Status ----------------------------------------------------------------------------------- */
 
-typedef enum cfx_status {
-    CFX_OK = 0,
-    CFX_ERR_INVALID_ARGUMENT = 1, /* bad local argument: NULL, unknown enum, bad size, ... */
-    CFX_ERR_NOT_INITIALIZED = 2,  /* no context (NULL): call cfx_init first */
-    CFX_ERR_SHUT_DOWN = 3,        /* the context was shut down (locally or by another rank) */
-    CFX_ERR_DUPLICATE_NAME = 4,   /* a tensor of that name is already in flight */
-    CFX_ERR_MISMATCH = 5,         /* ranks disagree on a tensor (dtype, shape, op, root, ...) */
-    CFX_ERR_UNSUPPORTED = 6,      /* a valid request this build or this op does not support */
-    CFX_ERR_OUT_OF_MEMORY = 7,
-    CFX_ERR_TRANSPORT = 8,        /* the transport (MPI) reported an error */
-    CFX_ERR_TIMEOUT = 9,          /* cfx_wait's deadline passed; the handle is still pending */
-    CFX_ERR_IN_PROGRESS = 10,     /* the handle has not completed yet */
-    CFX_ERR_STALE_HANDLE = 11,    /* the handle was released or never existed */
-    CFX_ERR_STALL = 12,           /* some ranks never submitted the tensor before the deadline */
-    CFX_ERR_PEER_LOST = 13,       /* a peer rank exited or stopped answering */
-    CFX_ERR_CONFIG = 14,          /* a malformed CFX_* variable or option value */
-    CFX_ERR_VERSION = 15,         /* an unknown options version, or ranks whose versions cannot talk */
-    CFX_ERR_JOINED = 16,          /* the collective cannot run while some ranks have joined */
-    CFX_ERR_INTERNAL = 17,
-    CFX_ERR_CUDA = 18,
-    CFX_ERR_NCCL = 19
-} cfx_status;
+/* Every status once: X(symbol, name, value, description). The enum, cfx_status_string() and
+ * cfx_status_name() are generated from this list, and the bindings derive their error classes from
+ * cfx_status_name() at load time, so a status added here reaches every language. Values are pinned;
+ * append only. `name` is the symbol without its CFX_ / CFX_ERR_ prefix ("MISMATCH"). */
+#define CFX_STATUS_LIST(X)                                                                        \
+    X(CFX_OK, OK, 0, "ok")                                                                        \
+    /* bad local argument: NULL, unknown enum, bad size, ... */                                   \
+    X(CFX_ERR_INVALID_ARGUMENT, INVALID_ARGUMENT, 1, "invalid argument")                          \
+    /* no context (NULL): call cfx_init first */                                                  \
+    X(CFX_ERR_NOT_INITIALIZED, NOT_INITIALIZED, 2, "not initialized")                             \
+    /* the context was shut down (locally or by another rank) */                                  \
+    X(CFX_ERR_SHUT_DOWN, SHUT_DOWN, 3, "shut down")                                               \
+    /* a tensor of that name is already in flight */                                              \
+    X(CFX_ERR_DUPLICATE_NAME, DUPLICATE_NAME, 4, "duplicate tensor name in flight")               \
+    /* ranks disagree on a tensor (dtype, shape, op, root, ...) */                                \
+    X(CFX_ERR_MISMATCH, MISMATCH, 5, "mismatch across ranks")                                     \
+    /* a valid request this build or this op does not support */                                  \
+    X(CFX_ERR_UNSUPPORTED, UNSUPPORTED, 6, "unsupported")                                         \
+    X(CFX_ERR_OUT_OF_MEMORY, OUT_OF_MEMORY, 7, "out of memory")                                   \
+    /* the transport (MPI) reported an error */                                                   \
+    X(CFX_ERR_TRANSPORT, TRANSPORT, 8, "transport error")                                         \
+    /* cfx_wait's deadline passed; the handle is still pending */                                 \
+    X(CFX_ERR_TIMEOUT, TIMEOUT, 9, "timed out")                                                   \
+    /* the handle has not completed yet */                                                        \
+    X(CFX_ERR_IN_PROGRESS, IN_PROGRESS, 10, "in progress")                                        \
+    /* the handle was released or never existed */                                                \
+    X(CFX_ERR_STALE_HANDLE, STALE_HANDLE, 11, "stale or unknown handle")                          \
+    /* some ranks never submitted the tensor before the deadline */                               \
+    X(CFX_ERR_STALL, STALL, 12, "stalled: some ranks never submitted the tensor")                 \
+    /* a peer rank exited or stopped answering */                                                 \
+    X(CFX_ERR_PEER_LOST, PEER_LOST, 13, "peer rank lost")                                         \
+    /* a malformed CFX_* variable or option value */                                              \
+    X(CFX_ERR_CONFIG, CONFIG, 14, "invalid configuration")                                        \
+    /* an unknown options version, or ranks whose versions cannot talk */                         \
+    X(CFX_ERR_VERSION, VERSION, 15,                                                               \
+      "incompatible version (options struct, or ranks that cannot talk)")                         \
+    /* the collective cannot run while some ranks have joined */                                  \
+    X(CFX_ERR_JOINED, JOINED, 16, "not supported while ranks have joined")                        \
+    X(CFX_ERR_INTERNAL, INTERNAL, 17, "internal error")                                           \
+    X(CFX_ERR_CUDA, CUDA, 18, "CUDA error")                                                       \
+    X(CFX_ERR_NCCL, NCCL, 19, "NCCL error")
+
+#define CFX_STATUS_ENUMERATOR_(symbol, name, value, description) symbol = value,
+typedef enum cfx_status { CFX_STATUS_LIST(CFX_STATUS_ENUMERATOR_) } cfx_status;
+#undef CFX_STATUS_ENUMERATOR_
+
+/* The number of statuses: every value in [0, CFX_STATUS_COUNT) is one of the list. */
+#define CFX_STATUS_COUNT 20
 
 /* A short static description of a status ("mismatch across ranks"); never NULL. */
 CFX_API const char *cfx_status_string(cfx_status status);
+/* The status's name: its symbol without the CFX_ / CFX_ERR_ prefix ("OK", "MISMATCH",
+ * "PEER_LOST"), static storage; NULL for a value that is no status, so a binding can enumerate
+ * the statuses by counting up from 0 (since 1.1, version node CONFLUX_1.1). */
+CFX_API const char *cfx_status_name(cfx_status status);
 /* The message of this thread's last failed call ("" before any failure). Successful calls leave
  * it alone, so read it right after a call returned an error. Valid until this thread's next
  * failing Conflux call. Never NULL. */
@@ -351,7 +382,7 @@ CFX_API cfx_status cfx_barrier_async(cfx_context *ctx, cfx_handle *out);
  * (cfx_handle_join_rank gives the last one). */
 CFX_API cfx_status cfx_join_async(cfx_context *ctx, cfx_handle *out);
 
-/* ---- observability (since 1.1) --------------------------------------------------------------
+/* ---- observability (since 1.0) --------------------------------------------------------------
  * The timeline: a Chrome trace-event JSON file per rank of every tensor's phases (queued,
  * negotiate, pack, the collective, unpack), for Perfetto or chrome://tracing and tools/cfx-timeline
  * (docs/timeline.md). CFX_TIMELINE=path starts one at init; these start and stop it at run time.

@@ -31,7 +31,14 @@
 
 int cfx_version(void) { return CFX_VERSION_NUMBER; }
 
-const char *cfx_version_string(void) { return "1.0.0"; }
+/* From the header's macros, so the string cannot drift from CFX_VERSION_NUMBER. */
+#define CX_VERSION_TEXT_(x) #x
+#define CX_VERSION_TEXT(x) CX_VERSION_TEXT_(x)
+const char *cfx_version_string(void)
+{
+    return CX_VERSION_TEXT(CFX_VERSION_MAJOR) "." CX_VERSION_TEXT(CFX_VERSION_MINOR) "." CX_VERSION_TEXT(
+        CFX_VERSION_PATCH);
+}
 
 uint32_t cfx_features(void)
 {

@@ -59,6 +59,31 @@ def test_exception_hierarchy():
     assert conflux.MismatchError.status == 5 and conflux.DuplicateNameError.status == 4
 
 
+def _camel_error(status_name):
+    return "".join(part.capitalize() for part in status_name.split("_")) + "Error"
+
+
+def test_error_classes_come_from_the_c_status_list():
+    """One class per C status (cfx_status_name, counted up from 1 until NULL), named after it,
+    carrying its code, exported by conflux and conflux.torch alike; TIMEOUT is WaitTimeoutError
+    (Python's own TimeoutError keeps its name)."""
+    import conflux.torch as ct
+    names = []
+    while conflux._capi.cfx_status_name(len(names) + 1) is not None:
+        names.append(conflux._capi.cfx_status_name(len(names) + 1))
+    assert conflux._capi.cfx_status_name(0) == "OK"
+    assert len(names) + 1 == conflux._capi.CFX_STATUS_COUNT
+    assert names[4] == "MISMATCH" and names[12] == "PEER_LOST"  # the header's values 5 and 13
+    for code, name in enumerate(names, start=1):
+        cls_name = "WaitTimeoutError" if name == "TIMEOUT" else _camel_error(name)
+        cls = getattr(conflux, cls_name)
+        assert cls.status == code, (name, cls.status)
+        assert name in cls.__doc__ and conflux._capi.cfx_status_string(code) in cls.__doc__
+        assert getattr(ct, cls_name) is cls and cls_name in conflux.__all__
+        assert issubclass(cls, (conflux.ConfluxError, ValueError)), cls_name
+    assert len(conflux._core.STATUS_ERRORS) == len(names)
+
+
 def test_size_one_topology():
     assert conflux.is_initialized()
     assert (conflux.rank(), conflux.size()) == (0, 1)

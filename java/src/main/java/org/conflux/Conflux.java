@@ -257,7 +257,7 @@ public final class Conflux implements AutoCloseable {
         return new Conflux(p);
     }
 
-    /** The library version, "1.0.0". */
+    /** The library version, "1.1.0". */
     public static String version() {
         return ConfluxNative.cfx_version_string();
     }

@@ -11,15 +11,29 @@ package org.conflux;
 public class ConfluxException extends RuntimeException {
     private static final long serialVersionUID = 1L;
     private final Status status;
+    private final String statusName;
 
     public ConfluxException(Status status, String message) {
+        this(status, status.name(), message);
+    }
+
+    ConfluxException(Status status, String statusName, String message) {
         super(message == null || message.isEmpty() ? status.description() : message);
         this.status = status;
+        this.statusName = statusName;
     }
 
     /** The machine-readable kind of failure. */
     public Status status() {
         return status;
+    }
+
+    /**
+     * The C library's name of the status ({@code cfx_status_name}: "MISMATCH"), also for a status
+     * of a newer library that {@link Status} does not name ({@link Status#UNKNOWN}).
+     */
+    public String statusName() {
+        return statusName;
     }
 
     /** Maps a C status and message to the Java exception a caller sees. */
@@ -48,7 +62,9 @@ public class ConfluxException extends RuntimeException {
             case TIMEOUT:
                 return new TimeoutException(message);
             default:
-                return new ConfluxException(s, message + (s == Status.UNKNOWN ? " (status " + code + ")" : ""));
+                String name = ConfluxNative.cfx_status_name(code);
+                return new ConfluxException(s, name != null ? name : s.name(),
+                        message + (s == Status.UNKNOWN ? " (status " + code + (name != null ? " " + name : "") + ")" : ""));
         }
     }
 }

@@ -1,41 +1,61 @@
 package org.conflux;
 
-/** The C status codes, as carried by {@link ConfluxException#status()}. Codes are pinned. */
+/**
+ * The C status codes, as carried by {@link ConfluxException#status()}. Each constant is the C
+ * library's status of the same name ({@code cfx_status_name}: {@code CFX_ERR_MISMATCH} is
+ * {@code "MISMATCH"}); its code and description are read from the library when this class loads,
+ * so they cannot drift from the C list. A status of a newer library that this enum does not name
+ * is {@link #UNKNOWN}; {@link ConfluxException#statusName()} still names it.
+ */
 public enum Status {
-    OK(cfx_status.CFX_OK),
-    INVALID_ARGUMENT(cfx_status.CFX_ERR_INVALID_ARGUMENT),
-    NOT_INITIALIZED(cfx_status.CFX_ERR_NOT_INITIALIZED),
-    SHUT_DOWN(cfx_status.CFX_ERR_SHUT_DOWN),
-    DUPLICATE_NAME(cfx_status.CFX_ERR_DUPLICATE_NAME),
-    MISMATCH(cfx_status.CFX_ERR_MISMATCH),
-    UNSUPPORTED(cfx_status.CFX_ERR_UNSUPPORTED),
-    OUT_OF_MEMORY(cfx_status.CFX_ERR_OUT_OF_MEMORY),
-    TRANSPORT(cfx_status.CFX_ERR_TRANSPORT),
-    TIMEOUT(cfx_status.CFX_ERR_TIMEOUT),
-    IN_PROGRESS(cfx_status.CFX_ERR_IN_PROGRESS),
-    STALE_HANDLE(cfx_status.CFX_ERR_STALE_HANDLE),
-    STALL(cfx_status.CFX_ERR_STALL),
-    PEER_LOST(cfx_status.CFX_ERR_PEER_LOST),
-    CONFIG(cfx_status.CFX_ERR_CONFIG),
-    VERSION(cfx_status.CFX_ERR_VERSION),
-    JOINED(cfx_status.CFX_ERR_JOINED),
-    INTERNAL(cfx_status.CFX_ERR_INTERNAL),
-    CUDA(cfx_status.CFX_ERR_CUDA),
-    NCCL(cfx_status.CFX_ERR_NCCL),
+    OK,
+    INVALID_ARGUMENT,
+    NOT_INITIALIZED,
+    SHUT_DOWN,
+    DUPLICATE_NAME,
+    MISMATCH,
+    UNSUPPORTED,
+    OUT_OF_MEMORY,
+    TRANSPORT,
+    TIMEOUT,
+    IN_PROGRESS,
+    STALE_HANDLE,
+    STALL,
+    PEER_LOST,
+    CONFIG,
+    VERSION,
+    JOINED,
+    INTERNAL,
+    CUDA,
+    NCCL,
     /** A code this version of the binding does not know (a newer library). */
-    UNKNOWN(-1);
+    UNKNOWN;
 
-    /** The C value (cfx_status). */
+    /** The C value (cfx_status); -1 for {@link #UNKNOWN}. */
     public final int code;
 
-    Status(int code) {
-        this.code = code;
+    Status() {
+        this.code = codeOf(name());
+    }
+
+    /** The C code whose cfx_status_name is {@code name}, or -1. */
+    private static int codeOf(String name) {
+        NativeLoader.load();
+        for (int c = 0; ; c++) {
+            String n = ConfluxNative.cfx_status_name(c);
+            if (n == null) {
+                return -1;
+            }
+            if (n.equals(name)) {
+                return c;
+            }
+        }
     }
 
     /** The status for a C code; {@link #UNKNOWN} for one this binding does not know. */
     public static Status of(int code) {
         for (Status s : values()) {
-            if (s.code == code) {
+            if (s.code == code && s != UNKNOWN) {
                 return s;
             }
         }

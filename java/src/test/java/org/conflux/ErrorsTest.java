@@ -25,6 +25,26 @@ class ErrorsTest extends OnSharedContext {
     }
 
     @Test
+    void a00_statusesAreTheCLibrarysList() {
+        int count = 0;
+        while (ConfluxNative.cfx_status_name(count) != null) {
+            String name = ConfluxNative.cfx_status_name(count);
+            Status s = Status.of(count);
+            assertEquals(name, s.name(), "status " + count);
+            assertEquals(count, s.code);
+            assertEquals(ConfluxNative.cfx_status_string(count), s.description());
+            count++;
+        }
+        assertEquals(ConfluxNativeConstants.CFX_STATUS_COUNT, count);
+        assertEquals(count + 1, Status.values().length, "every C status and UNKNOWN");
+        assertEquals(5, Status.MISMATCH.code);  // CFX_ERR_MISMATCH in the header
+        assertEquals(Status.UNKNOWN, Status.of(count));
+        assertEquals(-1, Status.UNKNOWN.code);
+        ConfluxException e = (ConfluxException) ConfluxException.of(Status.PEER_LOST.code, "gone");
+        assertEquals("PEER_LOST", e.statusName());
+    }
+
+    @Test
     void a01_shapeMismatchFailsOnEveryRankAndNamesTheTensor() {
         float[] x = new float[rank == 0 ? 4 : 5];
         MismatchException e = assertThrows(MismatchException.class,
