@@ -9,7 +9,7 @@
 
 %{
 #include "conflux/conflux.h"
-#include "lone_allreduce.h"
+#include "bind.h"
 %}
 
 %include <stdint.i>

@@ -74,17 +74,13 @@ for code = 0, 10 do DTYPE[core.cfx_dtype_name(code)] = code end
 local function C(name) return math.tointeger(core[name]) end
 local OP = { sum = C "CFX_OP_SUM", average = C "CFX_OP_AVERAGE", min = C "CFX_OP_MIN",
              max = C "CFX_OP_MAX", product = C "CFX_OP_PRODUCT", adasum = C "CFX_OP_ADASUM" }
-local COMPRESSION = { none = C "CFX_COMPRESSION_NONE", fp16 = C "CFX_COMPRESSION_FP16",
-                      bf16 = C "CFX_COMPRESSION_BF16",
-                      fp16_everywhere = C "CFX_COMPRESSION_FP16_EVERYWHERE",
-                      bf16_everywhere = C "CFX_COMPRESSION_BF16_EVERYWHERE" }
+local COMPRESSION = core.compression_names()  -- name -> code, the names every binding accepts
 local TRANSPORT = { auto = C "CFX_TRANSPORT_AUTO", mpi = C "CFX_TRANSPORT_MPI",
                     ["local"] = C "CFX_TRANSPORT_LOCAL" }
 local ERR_TIMEOUT = C "CFX_ERR_TIMEOUT"
 local ERR_OUT_OF_MEMORY = C "CFX_ERR_OUT_OF_MEMORY"
-M.compressions = {}
-for name in pairs(COMPRESSION) do M.compressions[#M.compressions + 1] = name end
-table.sort(M.compressions)
+M.compressions = {}  -- the names in code order: "none", "fp16", ...
+for name, code in pairs(COMPRESSION) do M.compressions[code + 1] = name end
 M.dtypes = {}
 for name in pairs(DTYPE) do M.dtypes[#M.dtypes + 1] = name end
 table.sort(M.dtypes)
@@ -95,17 +91,22 @@ local function dtype_code(name, level)
   return c
 end
 
+-- The default op is "average" for allreduce and reducescatter, as in every binding (docs/bindings.md).
+local DEFAULT_OP = "average"
+
 local function op_code(name, level)
-  local c = OP[name or "sum"]
+  local c = OP[name or DEFAULT_OP]
   if not c then argerror("unknown reduction op " .. tostring(name), level + 1) end
   return c
 end
 
-local function compression_code(name, level)
-  local c = COMPRESSION[name or "none"]
+-- A compression by name ("fp16", case-insensitive) or by its code (cfx.compressions[name]).
+local function compression_code(z, level)
+  if z == nil then return COMPRESSION.none end
+  local c = type(z) == "string" and COMPRESSION[z:lower()] or nil
+  if math.type(z) == "integer" and z >= 0 and z < #M.compressions then c = z end
   if not c then
-    argerror("unknown compression " .. tostring(name) ..
-             " (none, fp16, bf16, fp16_everywhere, bf16_everywhere)", level + 1)
+    argerror("unknown compression " .. tostring(z) .. "; use one of: " .. table.concat(M.compressions, ", "), level + 1)
   end
   return c
 end
@@ -163,17 +164,13 @@ end
 -- (boolean), stall_warning_s, stall_timeout_s, chunk_bytes. Unset fields come from CFX_* variables.
 function M.init(opts)
   if ctx then raise(1, "conflux is already initialized", 2) end
-  opts = opts or {}
-  local transport = nil
-  if opts.transport ~= nil then
-    transport = TRANSPORT[opts.transport]
-    if not transport then argerror("unknown transport " .. tostring(opts.transport), 2) end
+  local byname = {}  -- set by name in C (bindings/bind.h), the transport as its code
+  for k, v in pairs(opts or {}) do byname[k] = v end
+  if byname.transport ~= nil then
+    byname.transport = TRANSPORT[opts.transport]
+    if not byname.transport then argerror("unknown transport " .. tostring(opts.transport), 2) end
   end
-  local det = opts.deterministic
-  if det ~= nil then det = det and 1 or 0 end
-  local c, st, msg = core.init(transport, opts.fusion_threshold_bytes, opts.cycle_time_ms,
-                               opts.cache_capacity, opts.log_level, det, opts.stall_warning_s,
-                               opts.stall_timeout_s, opts.chunk_bytes)
+  local c, st, msg = core.init(byname)
   if not c then raise(st, msg, 2) end
   ctx = c
   return M
@@ -402,7 +399,7 @@ function M.allreduce(data, opts)
   if o == nil then o = NO_OPTIONS end
   if c and type(o) == "table" and detached[1] == nil then
     local name, dtype = o.name, o.dtype
-    local op, z = OP[o.op or "sum"], COMPRESSION[o.compression or "none"]
+    local op, z = OP[o.op or DEFAULT_OP], COMPRESSION[o.compression or "none"]
     local code = dtype ~= nil and DTYPE[dtype] or nil
     if op and z and (name == nil or type(name) == "string") and (code or dtype == nil) then
       local ok, st, msg = run(c, 0, name, data, op, o.prescale or 1.0, o.postscale or 1.0, z, code)

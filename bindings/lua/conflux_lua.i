@@ -457,30 +457,47 @@ static void cfxl_register_array(lua_State *L) {
     lua_pop(L, 1);
 }
 
+/* compression_names() -> { name = code, ... }: the names every binding accepts (bind.h). */
+static int cfxl_compression_names(lua_State *L) {
+    lua_createtable(L, 0, CFX_COMPRESSION_COUNT);
+    for (int i = 0; i < CFX_COMPRESSION_COUNT; i++) {
+        lua_pushinteger(L, i);
+        lua_setfield(L, -2, cfx_bind_compression_names[i]);
+    }
+    return 1;
+}
+
 /* ---- context ---- */
 
-/* init(transport, fusion, cycle_ms, cache, log_level, deterministic, stall_warn, stall_timeout, chunk)
- * -> ctx | nil, status, message. Negative or nil = unset. */
+/* init(options) -> ctx | nil, status, message. options: nil or a table of cfx_init_options fields
+ * by name (cfx_bind_init_option: numbers >= 0, true/false for 1/0; the transport as its code). */
 static int cfxl_init(lua_State *L) {
     cfx_init_options o;
     cfx_context *ctx = NULL;
+    char msg[512];
     cfx_status s = cfx_init_options_init(&o, CFX_INIT_OPTIONS_VERSION);
     if (s != CFX_OK) return cfxl_fail_last(L, s);
-#define CFXL_OPT_I(idx, field)                                                                     \
-    if (!lua_isnoneornil(L, idx) && luaL_checkinteger(L, idx) >= 0) o.field = luaL_checkinteger(L, idx)
-#define CFXL_OPT_N(idx, field)                                                                     \
-    if (!lua_isnoneornil(L, idx) && luaL_checknumber(L, idx) >= 0) o.field = luaL_checknumber(L, idx)
-    CFXL_OPT_I(1, transport);
-    CFXL_OPT_I(2, fusion_threshold_bytes);
-    CFXL_OPT_N(3, cycle_time_ms);
-    CFXL_OPT_I(4, cache_capacity);
-    CFXL_OPT_I(5, log_level);
-    CFXL_OPT_I(6, deterministic);
-    CFXL_OPT_N(7, stall_warning_s);
-    CFXL_OPT_N(8, stall_timeout_s);
-    CFXL_OPT_I(9, chunk_bytes);
-#undef CFXL_OPT_I
-#undef CFXL_OPT_N
+    if (!lua_isnoneornil(L, 1)) {
+        luaL_checktype(L, 1, LUA_TTABLE);
+        lua_pushnil(L);
+        while (lua_next(L, 1) != 0) {
+            double v;
+            if (lua_type(L, -2) != LUA_TSTRING)
+                return cfxl_fail(L, CFX_ERR_INVALID_ARGUMENT, "init option names must be strings");
+            if (lua_isboolean(L, -1)) {
+                v = lua_toboolean(L, -1) ? 1.0 : 0.0;
+            } else if (lua_isnumber(L, -1)) {
+                v = (double)lua_tonumber(L, -1);
+            } else {
+                lua_pushfstring(L, "init option %s must be a number, not %s", lua_tostring(L, -2),
+                                luaL_typename(L, -1));
+                return cfxl_fail(L, CFX_ERR_INVALID_ARGUMENT, lua_tostring(L, -1));
+            }
+            s = cfx_bind_init_option(&o, lua_tostring(L, -2), v, msg, sizeof msg);
+            if (s != CFX_OK) return cfxl_fail(L, s, msg);
+            lua_pop(L, 1);
+        }
+    }
     s = cfx_init(&o, &ctx);
     if (s != CFX_OK) return cfxl_fail_last(L, s);
     SWIG_NewPointerObj(L, ctx, SWIGTYPE_p_cfx_context, 0);
@@ -711,12 +728,14 @@ static int cfxl_run(lua_State *L) {
         return cfxl_fail(L, CFX_ERR_INVALID_ARGUMENT, lua_tostring(L, -1));
     }
     t = cfxl_tensor(a, shape);
-    s = kind == 1 ? cfx_broadcast_async(ctx, name, &t, arg, &h)
-                  : cfx_bind_allreduce_async(ctx, name, &t, NULL, arg, pre, post, compression, &h);
-    if (s != CFX_OK) return cfxl_fail_last(L, s);
-    s = cfx_wait(ctx, h, -1.0);
-    (void)cfx_handle_release(ctx, h);
-    if (s != CFX_OK) return cfxl_fail_last(L, s); /* a failed wait leaves the collective's message */
+    {
+        cfx_bind_request r = {kind == 1 ? CFX_BIND_BROADCAST : CFX_BIND_ALLREDUCE, name, &t, NULL,
+                              arg, pre, post, compression};
+        cfx_status waited;
+        s = cfx_bind_run(ctx, &r, -1.0, &h, &waited);
+        if (s == CFX_OK) s = waited;
+    }
+    if (s != CFX_OK) return cfxl_fail_last(L, s); /* cfx_bind_run leaves the collective's message */
     if (a == &staged) {
         for (i = 0; i < a->n; i++) {
             cfxl_push_elem(L, a, i);
@@ -1040,6 +1059,7 @@ static int cfxl_bench_c_gradset(lua_State *L) {
 %native(subset) int cfxl_subset(lua_State *L);
 %native(allreduce) int cfxl_allreduce(lua_State *L);
 %native(run) int cfxl_run(lua_State *L);
+%native(compression_names) int cfxl_compression_names(lua_State *L);
 %native(allgather) int cfxl_allgather(lua_State *L);
 %native(broadcast) int cfxl_broadcast(lua_State *L);
 %native(alltoall) int cfxl_alltoall(lua_State *L);

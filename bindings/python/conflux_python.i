@@ -217,25 +217,26 @@ static PyObject *cfx_py_tensor_tuple(const cfx_tensor *t) {
     return Py_BuildValue("(NiNi)", PyLong_FromVoidPtr(t->data), (int)t->dtype, shape, (int)t->device);
 }
 
+/* Between two slices of a wait (cfx_bind_wait_sliced, run without the GIL): takes the GIL back
+ * to run the signal handlers (Ctrl-C), then lets it go again. Nonzero when a handler raised. */
+static int cfx_py_check_signals(void *saved_thread) {
+    PyThreadState **save = saved_thread;
+    PyEval_RestoreThread(*save);
+    int raised = PyErr_CheckSignals() < 0;
+    *save = PyEval_SaveThread();
+    return raised;
+}
+
 /* Calls wait(arg, t) with the GIL released, in slices of at most 0.25 s so that signals (Ctrl-C)
  * are seen, until it returns anything but CFX_ERR_TIMEOUT or `timeout_s` (< 0: no limit) passed.
  * -1 when a signal handler raised (the Python error is set). */
 static int cfx_py_wait_sliced(cfx_status (*wait)(void *, double), void *arg, double timeout_s,
                               cfx_status *st) {
-    const double slice = 0.25;
-    double left = timeout_s;
-    for (;;) {
-        double t = (timeout_s < 0 || left > slice) ? slice : left;
-        Py_BEGIN_ALLOW_THREADS
-        *st = wait(arg, t);
-        Py_END_ALLOW_THREADS
-        if (*st != CFX_ERR_TIMEOUT) return 0;
-        if (timeout_s >= 0) {
-            left -= t;
-            if (left <= 0) return 0;
-        }
-        if (PyErr_CheckSignals() < 0) return -1;
-    }
+    int interrupted = 0;
+    PyThreadState *save = PyEval_SaveThread();
+    *st = cfx_bind_wait_sliced(wait, arg, timeout_s, 0.25, cfx_py_check_signals, &save, &interrupted);
+    PyEval_RestoreThread(save);
+    return interrupted ? -1 : 0;
 }
 
 typedef struct cfx_py_handle_ref { cfx_context *ctx; uint64_t handle; } cfx_py_handle_ref;
@@ -336,13 +337,10 @@ static PyObject *cfx_py_gradset_wait(cfx_gradset *set, double timeout_s) {
     cfx_py_raise((int)st, cfx_last_error());
     return NULL;
 }
-/* cfx_allreduce_async with a compression: the allreduce that collectives started through SWIG's
- * wrappers (process sets' contexts) call, with the arguments of cfx_allreduce_async and one more. */
-static cfx_status cfx_py_allreduce_async(cfx_context *ctx, const char *name, const cfx_tensor *input,
-                                         void *output, int op, double prescale, double postscale,
-                                         int compression, cfx_handle *out) {
-    return cfx_bind_allreduce_async(ctx, name, input, output, op, prescale, postscale, compression, out);
-}
+/* cfx_allreduce_async with a compression (cfx_bind_allreduce_async): the allreduce that
+ * collectives started through SWIG's wrappers (process sets' contexts) call, with the arguments of
+ * cfx_allreduce_async and one more. */
+#define cfx_py_allreduce_async cfx_bind_allreduce_async
 
 /* ---- the fast path of lone collectives ----
  * METH_FASTCALL functions added to the native module at init (SWIG's wrappers unpack a tuple and
@@ -360,7 +358,8 @@ static cfx_status cfx_py_allreduce_async(cfx_context *ctx, const char *name, con
  * that the converter set by cfx_py_fast_init turns into one; an allreduce without compression
  * goes through cfx_allreduce_async as before, one with it through cfx_allreduce_async_opts.
  * The context comes after the request, so that a bad argument is reported before a missing init. */
-enum { CFX_PY_ALLREDUCE = 0, CFX_PY_BROADCAST = 1, CFX_PY_BARRIER = 2 };
+enum { CFX_PY_ALLREDUCE = CFX_BIND_ALLREDUCE, CFX_PY_BROADCAST = CFX_BIND_BROADCAST,
+       CFX_PY_BARRIER = CFX_BIND_BARRIER };
 static PyObject *cfx_py_park;    /* park(ctx, handle, keep), set by cfx_py_fast_init */
 static PyObject *cfx_py_compression_of; /* compression_of(obj) -> int, set by cfx_py_fast_init */
 static PyObject *cfx_py_str_ptr; /* "ptr", interned */
@@ -381,14 +380,9 @@ static int cfx_py_context_of(PyObject *ctx, cfx_context **out) {
 
 /* The request of a lone collective, read from the fast functions' arguments (args[0..6]). */
 typedef struct cfx_py_lone {
-    int kind;
-    const char *name;
+    cfx_bind_request r;
     cfx_tensor t;
     int64_t shape[CFX_MAX_NDIM];
-    void *output;
-    long a;
-    double b, c;
-    int32_t compression;
 } cfx_py_lone;
 
 /* A compression argument as a cfx_compression value: an int as it is (the engine names a value
@@ -416,49 +410,41 @@ static int cfx_py_compression(PyObject *o, int32_t *out) {
     return 0;
 }
 
-static int cfx_py_lone_args(PyObject *const *args, cfx_py_lone *r) {
+static int cfx_py_lone_args(PyObject *const *args, cfx_py_lone *lone) {
+    cfx_bind_request *r = &lone->r;
+    memset(r, 0, sizeof *r);
     long kind = PyLong_AsLong(args[0]);
     if (kind == -1 && PyErr_Occurred()) return -1;
     r->kind = (int)kind;
-    r->name = NULL;
     if (args[1] != Py_None) {
         r->name = PyUnicode_AsUTF8(args[1]);
         if (r->name == NULL) return -1;
     }
     if (r->kind == CFX_PY_BARRIER) return 0;
-    if (cfx_py_tensor(args[2], &r->t, r->shape) < 0) return -1;
+    if (cfx_py_tensor(args[2], &lone->t, lone->shape) < 0) return -1;
+    r->input = &lone->t;
     if (cfx_py_pointer(args[3], &r->output, "output address") < 0) return -1;
-    r->a = PyLong_AsLong(args[4]);
-    if (r->a == -1 && PyErr_Occurred()) return -1;
+    long a = PyLong_AsLong(args[4]);
+    if (a == -1 && PyErr_Occurred()) return -1;
+    if (a < INT_MIN || a > INT_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s %ld is out of range",
+                     r->kind == CFX_PY_BROADCAST ? "root_rank" : "op", a);
+        return -1;
+    }
+    r->arg = (int)a;
     if (r->kind == CFX_PY_ALLREDUCE) {
-        r->b = PyFloat_AsDouble(args[5]);
-        if (r->b == -1.0 && PyErr_Occurred()) return -1;
-        r->c = PyFloat_AsDouble(args[6]);
-        if (r->c == -1.0 && PyErr_Occurred()) return -1;
-        if (cfx_py_compression(args[7], &r->compression) < 0) return -1;
-    } else if (r->kind == CFX_PY_BROADCAST) {
-        if (r->a < INT_MIN || r->a > INT_MAX) {
-            PyErr_Format(PyExc_ValueError, "root_rank %ld is out of range", r->a);
-            return -1;
-        }
-    } else {
+        int32_t z = 0;
+        r->prescale = PyFloat_AsDouble(args[5]);
+        if (r->prescale == -1.0 && PyErr_Occurred()) return -1;
+        r->postscale = PyFloat_AsDouble(args[6]);
+        if (r->postscale == -1.0 && PyErr_Occurred()) return -1;
+        if (cfx_py_compression(args[7], &z) < 0) return -1;
+        r->compression = z;
+    } else if (r->kind != CFX_PY_BROADCAST) {
         PyErr_Format(PyExc_ValueError, "unknown fast collective kind %d", r->kind);
         return -1;
     }
     return 0;
-}
-
-/* Without the GIL. */
-static cfx_status cfx_py_lone_submit(cfx_context *ctx, const cfx_py_lone *r, cfx_handle *h) {
-    switch (r->kind) {
-    case CFX_PY_ALLREDUCE:
-        return cfx_py_allreduce_async(ctx, r->name, &r->t, r->output, (int)r->a, r->b, r->c,
-                                      r->compression, h);
-    case CFX_PY_BROADCAST:
-        return cfx_broadcast_async(ctx, r->name, &r->t, (int)r->a, h);
-    default:
-        return cfx_barrier_async(ctx, h);
-    }
 }
 
 static int cfx_py_fast_nargs(Py_ssize_t n, Py_ssize_t want, const char *fn) {
@@ -467,30 +453,16 @@ static int cfx_py_fast_nargs(Py_ssize_t n, Py_ssize_t want, const char *fn) {
     return -1;
 }
 
-/* The collective's error of a completed handle, raised; the handle is released afterwards. */
-static PyObject *cfx_py_fail_handle(cfx_context *ctx, cfx_handle h, cfx_status st) {
-    const char *msg = NULL;
-    if (st != CFX_ERR_STALE_HANDLE && st != CFX_ERR_NOT_INITIALIZED) msg = cfx_handle_message(ctx, h);
-    if (msg == NULL || msg[0] == '\0') msg = cfx_last_error();
-    cfx_py_raise(st, msg);
-    if (st != CFX_ERR_STALE_HANDLE) (void)cfx_handle_release(ctx, h);
-    return NULL;
-}
-
 static PyObject *cfx_py_run(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     cfx_context *ctx;
-    cfx_py_lone r;
-    if (cfx_py_fast_nargs(n, 10, "cfx_py_run") < 0 || cfx_py_lone_args(args, &r) < 0 ||
+    cfx_py_lone lone;
+    if (cfx_py_fast_nargs(n, 10, "cfx_py_run") < 0 || cfx_py_lone_args(args, &lone) < 0 ||
         cfx_py_context_of(args[8], &ctx) < 0)
         return NULL;
     cfx_handle h = 0;
-    cfx_status sub, st = CFX_ERR_TIMEOUT;
+    cfx_status sub, st;
     Py_BEGIN_ALLOW_THREADS
-    sub = cfx_py_lone_submit(ctx, &r, &h);
-    if (sub == CFX_OK) {
-        st = cfx_wait(ctx, h, 0.25);
-        if (st == CFX_OK) (void)cfx_handle_release(ctx, h);
-    }
+    sub = cfx_bind_run(ctx, &lone.r, 0.25, &h, &st);
     Py_END_ALLOW_THREADS
     if (sub != CFX_OK) {
         cfx_py_raise((int)sub, cfx_last_error());
@@ -511,22 +483,25 @@ static PyObject *cfx_py_run(PyObject *self, PyObject *const *args, Py_ssize_t n)
             PyErr_Restore(type, value, tb);
             return NULL;
         }
-        if (st == CFX_OK) (void)cfx_handle_release(ctx, h);
+        if (st != CFX_ERR_STALE_HANDLE) (void)cfx_handle_release(ctx, h);
     }
-    if (st != CFX_OK) return cfx_py_fail_handle(ctx, h, st);
+    if (st != CFX_OK) { /* a failed wait leaves the collective's message in cfx_last_error() */
+        cfx_py_raise((int)st, cfx_last_error());
+        return NULL;
+    }
     Py_RETURN_NONE;
 }
 
 static PyObject *cfx_py_submit(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     cfx_context *ctx;
-    cfx_py_lone r;
-    if (cfx_py_fast_nargs(n, 9, "cfx_py_submit") < 0 || cfx_py_lone_args(args, &r) < 0 ||
+    cfx_py_lone lone;
+    if (cfx_py_fast_nargs(n, 9, "cfx_py_submit") < 0 || cfx_py_lone_args(args, &lone) < 0 ||
         cfx_py_context_of(args[8], &ctx) < 0)
         return NULL;
     cfx_handle h = 0;
     cfx_status st;
     Py_BEGIN_ALLOW_THREADS
-    st = cfx_py_lone_submit(ctx, &r, &h);
+    st = cfx_bind_submit(ctx, &lone.r, &h);
     Py_END_ALLOW_THREADS
     if (st != CFX_OK) {
         cfx_py_raise((int)st, cfx_last_error());
@@ -857,3 +832,37 @@ cfx_status cfx_py_allreduce_async(cfx_context *ctx, const char *name, const cfx_
                                   void *output, int op, double prescale, double postscale,
                                   int compression, cfx_handle *out);
 PyObject *cfx_py_raise_status(int status, const char *message);
+
+/* bind.h's names, so that Python accepts what the other languages accept. */
+int cfx_bind_compression_code(const char *name);
+%nothread cfx_py_compression_names;
+%nothread cfx_py_init_option;
+%inline %{
+/* The compression names, in cfx_compression order ("none", "fp16", ...). */
+static PyObject *cfx_py_compression_names(void) {
+    PyObject *names = PyTuple_New(CFX_COMPRESSION_COUNT);
+    for (int i = 0; names != NULL && i < CFX_COMPRESSION_COUNT; i++) {
+        PyObject *v = PyUnicode_FromString(cfx_bind_compression_names[i]);
+        if (v == NULL) Py_CLEAR(names);
+        else PyTuple_SET_ITEM(names, i, v);
+    }
+    return names;
+}
+
+/* Sets init option `name` (cfx_bind_init_option); raises InvalidArgumentError naming the option
+ * and the value, or TypeError for an unknown name, as a keyword argument's would. */
+static PyObject *cfx_py_init_option(cfx_init_options *opts, const char *name, double value) {
+    char msg[512];
+    if (cfx_bind_init_option_index(name) < 0) {
+        cfx_bind_init_option(opts, name, value, msg, sizeof msg);
+        PyErr_Format(PyExc_TypeError, "init() got an %s", msg);
+        return NULL;
+    }
+    cfx_status st = cfx_bind_init_option(opts, name, value, msg, sizeof msg);
+    if (st != CFX_OK) {
+        cfx_py_raise((int)st, msg);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+%}

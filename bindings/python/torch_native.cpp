@@ -40,7 +40,7 @@
 #include <vector>
 
 #include "conflux/conflux.h"
-#include "lone_allreduce.h"
+#include "bind.h"
 
 namespace py = pybind11;
 using torch::autograd::Node;
@@ -276,16 +276,15 @@ PyObject *lone_allreduce(PyObject *, PyObject *const *args, Py_ssize_t nargs)
     cfx_context *ctx = reinterpret_cast<cfx_context *>(static_cast<std::uintptr_t>(address));
     cfx_tensor desc{in, t.sizes().data(), static_cast<int32_t>(t.dim()), dtype, CFX_DEVICE_CPU, nullptr};
     void *output = form == 1 ? out.data_ptr() : nullptr;
+    cfx_bind_request request{CFX_BIND_ALLREDUCE, name, &desc, output, static_cast<int>(op), pre, post,
+                             static_cast<int>(compression)};
     cfx_handle h = 0;
     cfx_status sub, st = CFX_ERR_TIMEOUT;
     Py_BEGIN_ALLOW_THREADS
-    sub = cfx_bind_allreduce_async(ctx, name, &desc, output, static_cast<int>(op), pre, post,
-                                   static_cast<int>(compression), &h);
-    if (sub == CFX_OK && form != 2) {
-        st = cfx_wait(ctx, h, WAIT_FIRST_S);
-        if (st == CFX_OK)
-            (void)cfx_handle_release(ctx, h);
-    }
+    if (form == 2)
+        sub = cfx_bind_submit(ctx, &request, &h);
+    else
+        sub = cfx_bind_run(ctx, &request, WAIT_FIRST_S, &h, &st);
     Py_END_ALLOW_THREADS
     if (sub != CFX_OK)
         return raise_status(sub, cfx_last_error());
@@ -303,9 +302,7 @@ PyObject *lone_allreduce(PyObject *, PyObject *const *args, Py_ssize_t nargs)
         return Py_BuildValue("(KNN)", static_cast<unsigned long long>(h), keep, result);
     }
     Py_DECREF(result);
-    std::string message = cfx_last_error(); /* a failed wait leaves the collective's message there */
-    (void)cfx_handle_release(ctx, h);
-    return raise_status(st, message.c_str());
+    return raise_status(st, cfx_last_error()); /* cfx_bind_run released the handle */
 }
 
 PyMethodDef lone_allreduce_def = {

@@ -39,8 +39,8 @@ describe("conflux shared arrays", function()
     local d = fill(cfx.shared_array("float64", 7))
     local l = cfx.shared_array("int64", 3)
     for i = 1, 3 do l[i] = S.value(rank, i) << 33 end  -- beyond 32 bits
-    local h = cfx.allreduce_async(l, { name = "shared.i64.small" })
-    assert.are.equal(d, cfx.allreduce(d, { name = "shared.f64.small" }))
+    local h = cfx.allreduce_async(l, { op = "sum", name = "shared.i64.small" })
+    assert.are.equal(d, cfx.allreduce(d, { op = "sum", name = "shared.f64.small" }))
     assert.are.equal(l, h:wait())
     assert_sums(d)
     for i = 1, 3 do assert.are.equal(S.sum_over(size, i) << 33, l[i]) end
@@ -50,7 +50,7 @@ describe("conflux shared arrays", function()
 
   it("lets ranks mix shared and private arrays", function()
     local a = fill((rank % 2 == 0 and cfx.shared_array or cfx.array)("float32", 1000))
-    cfx.allreduce(a, { name = "shared.mixed" })
+    cfx.allreduce(a, { op = "sum", name = "shared.mixed" })
     assert_sums(a)
   end)
 
@@ -58,7 +58,7 @@ describe("conflux shared arrays", function()
     local a = fill(cfx.shared_array("float32", 5))
     if rank == 0 then
       -- the other ranks submit only after the barrier, so this one cannot have completed
-      local h = cfx.allreduce_async(a, { name = "shared.in.flight" })
+      local h = cfx.allreduce_async(a, { op = "sum", name = "shared.in.flight" })
       local e = S.conflux_error(cfx.free_shared, a)
       assert.are.equal("invalid_argument", e.kind)
       assert.matches("in flight", e.message)
@@ -66,7 +66,7 @@ describe("conflux shared arrays", function()
       h:wait()
     else
       cfx.barrier()
-      cfx.allreduce(a, { name = "shared.in.flight" })
+      cfx.allreduce(a, { op = "sum", name = "shared.in.flight" })
     end
     assert_sums(a)
     cfx.free_shared(a)

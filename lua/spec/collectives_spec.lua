@@ -105,11 +105,24 @@ describe("conflux collectives", function()
     assert.are.equal(0, mn[1])
   end)
 
+  it("averages by default (allreduce and reducescatter), as every binding does", function()
+    local t = {}
+    for i = 1, 5 do t[i] = S.value(rank, i) end
+    cfx.allreduce(t, { name = "l.default.op" })
+    for i = 1, 5 do assert.are.equal(S.sum_over(size, i) / size, t[i], "element " .. i) end
+    local h = cfx.allreduce_async(cfx.array("float64", { rank + 1, 2 }), { name = "l.default.op.async" })
+    assert.are.same({ (size + 1) / 2, 2 }, h:wait():totable())
+    local rows = cfx.array("float64", size)
+    for i = 1, size do rows[i] = S.value(rank, i) end
+    local mine = cfx.reducescatter(rows, { name = "l.default.op.rs" })
+    assert.are.equal(S.sum_over(size, rank + 1) / size, mine[1])
+  end)
+
   it("stages tables on either side of the blocking call's stack limit (512 bytes)", function()
     for _, n in ipairs { 1, 64, 65 } do
       local t = {}
       for i = 1, n do t[i] = S.value(rank, i) end
-      cfx.allreduce(t, { name = "l.stage." .. n })
+      cfx.allreduce(t, { op = "sum", name = "l.stage." .. n })
       for i = 1, n do assert.are.equal(S.sum_over(size, i), t[i], n .. " elements, element " .. i) end
       local b = {}
       for i = 1, n do b[i] = rank * 1000 + i end
@@ -133,7 +146,7 @@ describe("conflux collectives", function()
       local a = cfx.array("float32", 10 + k)
       for i = 1, #a do a[i] = S.value(rank, i + k) end
       arrs[k] = a
-      hs[k] = cfx.allreduce_async(a, { name = "l.async." .. k })
+      hs[k] = cfx.allreduce_async(a, { op = "sum", name = "l.async." .. k })
     end
     for k = 1, n do
       local h = hs[k]

@@ -66,7 +66,7 @@ describe("conflux compression", function()
   end
 
   local function options(k, name, c)
-    return { name = name, op = k.op, prescale = k.pre, postscale = k.post, compression = c }
+    return { name = name, op = k.op or "sum", prescale = k.pre, postscale = k.post, compression = c }
   end
 
   -- got against the exact postscale * op(prescale * x_r) over every rank's contribution: within
@@ -176,7 +176,7 @@ describe("conflux compression", function()
       gs:wait(60)
       for g = 1, 2 do
         local k = grads[g]
-        local plain = cfx.allreduce(inputs[g], { name = "lz.set.plain" .. g })
+        local plain = cfx.allreduce(inputs[g], { op = "sum", name = "lz.set.plain" .. g })
         check("lz.set g" .. g .. " step " .. step, k, c, compressed, gs:array(index[g]), plain)
         identical("lz.set" .. step .. "." .. g, gs:array(index[g]))
       end
@@ -222,6 +222,25 @@ describe("conflux compression", function()
     end
   end)
 
+  it("takes a compression by name (any case) or by its code, alike", function()
+    assert.are.same({ "none", "fp16", "bf16", "fp16_everywhere", "bf16_everywhere" }, cfx.compressions)
+    local k = { t = 9, dtype = "float32", n = 33 }
+    for code, name in ipairs(cfx.compressions) do
+      local by_name = cfx.allreduce(input(k), { op = "sum", name = "lz.byname." .. name, compression = name })
+      local by_upper = cfx.allreduce(input(k), { op = "sum", name = "lz.byupper." .. name, compression = name:upper() })
+      local by_code = cfx.allreduce(input(k), { op = "sum", name = "lz.bycode." .. name, compression = code - 1 })
+      assert.are.same(by_name:totable(), by_upper:totable(), name)
+      assert.are.same(by_name:totable(), by_code:totable(), name)
+      for i = 1, k.n do  -- within bfloat16's rounding of the exact sum, compressed or not
+        local exact, mag = 0, 0
+        for r = 0, size - 1 do
+          exact, mag = exact + contribution(k, r, i), mag + math.abs(contribution(k, r, i))
+        end
+        assert(math.abs(by_name[i] - exact) <= 2.0 ^ -8 * size * mag + 1e-6, name .. " element " .. i)
+      end
+    end
+  end)
+
   it("raises the engine's invalid_argument for bad input, naming the tensor", function()
     local e = S.conflux_error(cfx.allreduce, cfx.array("int32", 3),
                               { name = "lz.int", compression = "fp16_everywhere" })
@@ -233,7 +252,8 @@ describe("conflux compression", function()
     assert.are.equal("invalid_argument", e.kind)
     assert.matches("lz.adasum", e.message, 1, true)
     e = S.conflux_error(cfx.allreduce, cfx.array("float32", 4), { compression = "fp8" })
-    assert.matches("unknown compression fp8", e.message, 1, true)
+    assert.matches("unknown compression fp8; use one of: none, fp16, bf16, fp16_everywhere, bf16_everywhere",
+                   e.message, 1, true)
     e = S.conflux_error(cfx.reducescatter, cfx.array("float32", 4), { compression = "fp16" })
     assert.matches("compression", e.message, 1, true)
     local gs <close> = cfx.gradient_set { name = "lz.halfset", compression = "fp16" }

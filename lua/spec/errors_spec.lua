@@ -4,7 +4,7 @@ describe("conflux errors", function()
   local cfx, rank, size
 
   local function works(name)
-    local a = cfx.allreduce({ rank + 1, 2 }, { name = name })
+    local a = cfx.allreduce({ rank + 1, 2 }, { op = "sum", name = name })
     assert.are.same({ size * (size + 1) / 2, 2 * size }, a)
   end
 
@@ -54,7 +54,7 @@ describe("conflux errors", function()
     local first
     local a = cfx.array("float32", { rank })
     if rank == 0 then
-      first = cfx.allreduce_async(a, { name = "dup" })
+      first = cfx.allreduce_async(a, { op = "sum", name = "dup" })
       local e = S.conflux_error(cfx.allreduce_async, cfx.array("float32", 1), { name = "dup" })
       assert.are.equal("duplicate_name", e.kind)
       assert.matches("dup", e.message, 1, true)
@@ -63,7 +63,7 @@ describe("conflux errors", function()
       assert.are.equal("timeout", why)
     end
     cfx.barrier()
-    if rank ~= 0 then first = cfx.allreduce_async(a, { name = "dup" }) end
+    if rank ~= 0 then first = cfx.allreduce_async(a, { op = "sum", name = "dup" }) end
     assert.are.equal(size * (size - 1) / 2, first:wait()[1])
     works("dup")
   end)
@@ -89,7 +89,7 @@ describe("conflux errors", function()
     bad(cfx.broadcast, { 1 }, 0.5)
     bad(cfx.alltoall, { 1, 2, 3 }, { 1, 2, 3, 4, 5, 6 })
     bad(cfx.init)  -- already initialized
-    local h = cfx.allreduce_async({ 1 }, { name = "bad.args.ok" })
+    local h = cfx.allreduce_async({ 1 }, { op = "sum", name = "bad.args.ok" })
     bad(h.wait, h, -1)
     assert.are.same({ size }, h:wait())
     works("after.bad.args")

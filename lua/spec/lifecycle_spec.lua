@@ -21,7 +21,7 @@ describe("conflux lifecycle", function()
     cfx.init()
     assert.are.equal(size, cfx.size())
     do
-      local h <close> = cfx.allreduce_async({ 2 }, { name = "after.reinit" })
+      local h <close> = cfx.allreduce_async({ 2 }, { op = "sum", name = "after.reinit" })
       assert.are.same({ 2 * size }, h:wait())
     end
     cfx.shutdown()
@@ -41,7 +41,7 @@ describe("conflux lifecycle", function()
       S.sleep(5)
     end
     cfx.barrier()
-    assert.are.same({ size }, cfx.allreduce({ 1 }, { name = "after.stall" }))
+    assert.are.same({ size }, cfx.allreduce({ 1 }, { op = "sum", name = "after.stall" }))
     cfx.shutdown()
   end)
 end)

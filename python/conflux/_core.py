@@ -87,18 +87,26 @@ COMPRESSION_ALIASES = {}
 
 def check_compression(compression):
     """The cfx_compression value of a compression argument: a Compression, the engine's int (an
-    unknown one is the engine's to name), None (no compression) or an alias."""
+    unknown one is the engine's to name), its name as a str ("none", "fp16", "bf16",
+    "fp16_everywhere", "bf16_everywhere": the names every binding accepts), None (no compression)
+    or an alias."""
     if isinstance(compression, int) and not isinstance(compression, bool):
         return int(compression)
     if compression is None:
         return 0
+    if isinstance(compression, str):
+        code = _capi.cfx_bind_compression_code(compression)
+        if code < 0:
+            raise ValueError("unknown compression %r; use one of: %s"
+                             % (compression, ", ".join(_capi.cfx_py_compression_names())))
+        return code
     try:
         code = COMPRESSION_ALIASES.get(compression)
     except TypeError:  # unhashable
         code = None
     if code is None:
-        raise TypeError("compression must be a conflux.Compression (none, fp16, bf16, "
-                        "fp16_everywhere, bf16_everywhere), not %r" % (compression,))
+        raise TypeError("compression must be a conflux.Compression or its name (%s), not %r"
+                        % (", ".join(_capi.cfx_py_compression_names()), compression))
     return code
 
 
@@ -163,10 +171,8 @@ def init(**options):
         if options:
             opts = _capi.cfx_init_options()
             _capi.cfx_init_options_init(opts, _capi.CFX_INIT_OPTIONS_VERSION)
-            for key, value in options.items():
-                if key == "version" or not hasattr(opts, key):
-                    raise TypeError("init() got an unknown option %r" % key)
-                setattr(opts, key, value)
+            for key, value in options.items():  # by name, as every binding sets them
+                _capi.cfx_py_init_option(opts, key, check_scale(value, key))
         _ctx = _Context(_capi.cfx_init(opts))
 
 
