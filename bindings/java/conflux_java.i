@@ -174,31 +174,40 @@ static cfx_handle cfxj_handle_or_zero(cfx_status s, cfx_handle h) {
 /* The status of this thread's last failed cfxj_* call; its message is cfx_last_error(). */
 int cfxj_last_status(void) { return cfxj_status_tl; }
 
-/* cfx_init with every option field spelled out (negative = unset). NULL on failure. */
-cfx_context *cfxj_init(int32_t transport, int64_t fusion_threshold_bytes, double cycle_time_ms,
-                       int64_t cache_capacity, int32_t log_level, int32_t deterministic,
-                       double stall_warning_s, double stall_timeout_s, int64_t chunk_bytes) {
-    cfx_init_options o;
-    cfx_context *ctx = NULL;
-    cfx_status s = cfx_init_options_init(&o, CFX_INIT_OPTIONS_VERSION);
-    if (s == CFX_OK) {
-        if (transport >= 0) o.transport = transport;
-        if (fusion_threshold_bytes >= 0) o.fusion_threshold_bytes = fusion_threshold_bytes;
-        if (cycle_time_ms >= 0) o.cycle_time_ms = cycle_time_ms;
-        if (cache_capacity >= 0) o.cache_capacity = cache_capacity;
-        if (log_level >= 0) o.log_level = log_level;
-        if (deterministic >= 0) o.deterministic = deterministic;
-        if (stall_warning_s >= 0) o.stall_warning_s = stall_warning_s;
-        if (stall_timeout_s >= 0) o.stall_timeout_s = stall_timeout_s;
-        if (chunk_bytes >= 0) o.chunk_bytes = chunk_bytes;
-        s = cfx_init(&o, &ctx);
+/* Init options set by name (bindings/bind.h), then cfx_init: cfxj_init_options() makes a set of
+ * unset options, cfxj_init_option() sets one (the status, the message in cfxj_run_message()), and
+ * cfxj_init() joins with them and frees them (NULL on failure, after recording the status). */
+int64_t cfxj_init_options(void) {
+    cfx_init_options *o = malloc(sizeof *o);
+    cfx_status s = o ? cfx_init_options_init(o, CFX_INIT_OPTIONS_VERSION) : CFX_ERR_OUT_OF_MEMORY;
+    if (s != CFX_OK) {
+        free(o);
+        cfxj_set_status(s);
+        return 0;
     }
+    return (int64_t)(intptr_t)o;
+}
+
+int cfxj_init_option(int64_t options, const char *name, double value) {
+    char msg[512];
+    cfx_status s = cfx_bind_init_option(cfxj_ptr(options), name, value, msg, sizeof msg);
+    if (s != CFX_OK) cfxj_set_message(msg);
+    return (int)s;
+}
+
+cfx_context *cfxj_init(int64_t options) {
+    cfx_context *ctx = NULL;
+    cfx_status s = cfx_init(cfxj_ptr(options), &ctx);
+    free(cfxj_ptr(options));
     if (s != CFX_OK) {
         cfxj_set_status(s);
         return NULL;
     }
     return ctx;
 }
+
+/* The cfx_compression named `name` (any case), or -1 (bindings/bind.h). */
+int cfxj_compression_code(const char *name) { return cfx_bind_compression_code(name); }
 
 /* The address of a direct buffer's storage (ignoring its position); 0 for a heap buffer. */
 int64_t cfxj_buffer_address(JNIEnv *jenv, jobject buffer) {
@@ -246,16 +255,6 @@ jobject cfxj_shared_alloc(JNIEnv *jenv, int64_t bytes) {
 /* cfx_free on the block at `addr`. Returns the status (message in cfx_last_error()). */
 int cfxj_shared_free(int64_t addr) { return (int)cfx_free(cfxj_ptr(addr)); }
 
-cfx_handle cfxj_allreduce(cfx_context *ctx, const char *name, int64_t data, int64_t count,
-                          int32_t dtype, int32_t op, double prescale, double postscale) {
-    int64_t shape[1];
-    cfx_tensor t = cfxj_tensor(data, count, dtype, shape);
-    cfx_handle h = 0;
-    cfx_status s = cfx_allreduce_async(ctx, name, &t, NULL, (cfx_reduce_op)op, prescale,
-                                       postscale, &h);
-    return cfxj_handle_or_zero(s, h);
-}
-
 /* A blocking allreduce (kind 0) or broadcast (kind 1) in one JNI crossing, for Conflux's blocking
  * forms: stage `array` (null for a direct buffer at `data`), submit, wait, copy the result back,
  * release. No handle outlives the call, so nothing is tracked on the Java side. Arrays of up to
@@ -282,19 +281,18 @@ int cfxj_run(JNIEnv *jenv, cfx_context *ctx, int32_t kind, const char *name, job
         data = (int64_t)(intptr_t)staged;
     }
     t = cfxj_tensor(data, count, dtype, shape);
-    s = kind == 1 ? cfx_broadcast_async(ctx, name, &t, arg, &h)
-                  : cfx_bind_allreduce_async(ctx, name, &t, NULL, arg, prescale, postscale, compression, &h);
+    {
+        cfx_bind_request r = {kind == 1 ? CFX_BIND_BROADCAST : CFX_BIND_ALLREDUCE, name, &t, NULL, arg,
+                              prescale, postscale, compression};
+        cfx_status waited;
+        s = cfx_bind_run(ctx, &r, -1.0, &h, &waited);
+        if (s == CFX_OK) s = waited;
+    }
     if (s != CFX_OK) {
-        cfxj_set_message(cfx_last_error());
-    } else {
-        s = cfx_wait(ctx, h, -1.0);
-        if (s != CFX_OK) {
-            cfxj_set_message(cfx_last_error()); /* a failed wait leaves the collective's message there */
-        } else if (array && cfxj_copy_array(jenv, array, staged, bytes, 1) != 0) {
-            s = CFX_ERR_OUT_OF_MEMORY;
-            cfxj_set_message("Conflux: cannot copy the result into the array");
-        }
-        (void)cfx_handle_release(ctx, h);
+        cfxj_set_message(cfx_last_error()); /* cfx_bind_run leaves the collective's message there */
+    } else if (array && cfxj_copy_array(jenv, array, staged, bytes, 1) != 0) {
+        s = CFX_ERR_OUT_OF_MEMORY;
+        cfxj_set_message("Conflux: cannot copy the result into the array");
     }
     if (staged != stack) free(staged);
     return (int)s;
@@ -303,8 +301,9 @@ int cfxj_run(JNIEnv *jenv, cfx_context *ctx, int32_t kind, const char *name, job
 /* The message of this thread's last failed cfxj_run. */
 const char *cfxj_run_message(void) { return cfxj_message_tl; }
 
-/* cfx_allreduce_async_opts with every field of cfx_allreduce_options spelled out. */
-cfx_handle cfxj_allreduce_opts(cfx_context *ctx, const char *name, int64_t data, int64_t count,
+/* An allreduce with every field of cfx_allreduce_options spelled out (cfx_bind_allreduce_async:
+ * the plain call without a compression). */
+cfx_handle cfxj_allreduce(cfx_context *ctx, const char *name, int64_t data, int64_t count,
                                int32_t dtype, int32_t op, double prescale, double postscale,
                                int32_t compression) {
     int64_t shape[1];

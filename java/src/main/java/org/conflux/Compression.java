@@ -28,4 +28,25 @@ public enum Compression {
     Compression(int code) {
         this.code = code;
     }
+
+    /**
+     * The compression named {@code name}, any case ("fp16", "BF16_EVERYWHERE"): the names every
+     * binding accepts (the C layer's list, bindings/bind.h).
+     *
+     * @throws IllegalArgumentException for a name that is none of them, listing them
+     */
+    public static Compression of(String name) {
+        NativeLoader.load();
+        int code = name == null ? -1 : ConfluxNative.cfxj_compression_code(name);
+        for (Compression c : values()) {
+            if (c.code == code) {
+                return c;
+            }
+        }
+        StringBuilder known = new StringBuilder();
+        for (Compression c : values()) {
+            known.append(known.length() > 0 ? ", " : "").append(c.name().toLowerCase(java.util.Locale.ROOT));
+        }
+        throw new IllegalArgumentException("unknown compression '" + name + "'; use one of: " + known);
+    }
 }

@@ -3,6 +3,8 @@ package org.conflux;
 import java.nio.Buffer;
 import java.nio.ByteBuffer;
 import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ConcurrentLinkedQueue;
@@ -61,87 +63,71 @@ public final class Conflux implements AutoCloseable {
      * variables or the defaults (docs/env-vars.md).
      */
     public static final class Options {
-        int transport = -1;
-        long fusionThresholdBytes = -1;
-        double cycleTimeMs = -1;
-        long cacheCapacity = -1;
-        int logLevel = -1;
-        int deterministic = -1;
-        double stallWarningSeconds = -1;
-        double stallTimeoutSeconds = -1;
-        long chunkBytes = -1;
+        /** The options set, by their cfx_init_options field names: C sets them by name. */
+        final Map<String, Double> byName = new LinkedHashMap<>();
+
+        /**
+         * Sets the {@code cfx_init_options} field {@code name} (docs/env-vars.md names each) to
+         * {@code value}: a number &gt;= 0, whole except for the fields in ms or s. The typed setters
+         * below call this; an unknown name or a bad value throws an IllegalArgumentException from
+         * {@link #init(Options)} naming it.
+         */
+        public Options set(String name, double value) {
+            if (name == null) {
+                throw new IllegalArgumentException("Conflux: init option name is null");
+            }
+            byName.put(name, value);
+            return this;
+        }
 
         public Options transport(Transport t) {
-            transport = t.code;
-            return this;
+            return set("transport", t.code);
         }
 
         /** Fusion buffer size in bytes; 0 disables fusion. */
         public Options fusionThresholdBytes(long v) {
-            fusionThresholdBytes = nonNegative(v);
-            return this;
+            return set("fusion_threshold_bytes", v);
         }
 
         /** Idle wake-up period of the background thread. */
         public Options cycleTimeMs(double v) {
-            cycleTimeMs = nonNegative(v);
-            return this;
+            return set("cycle_time_ms", v);
         }
 
         /** Response cache entries; 0 disables the cache. */
         public Options cacheCapacity(long v) {
-            cacheCapacity = nonNegative(v);
-            return this;
+            return set("cache_capacity", v);
         }
 
         /** 0 trace, 1 debug, 2 info, 3 warning, 4 error, 5 off. */
         public Options logLevel(int v) {
-            logLevel = (int) nonNegative(v);
-            return this;
+            return set("log_level", v);
         }
 
         /** Bitwise reproducible reductions. */
         public Options deterministic(boolean v) {
-            deterministic = v ? 1 : 0;
-            return this;
+            return set("deterministic", v ? 1 : 0);
         }
 
         public Options stallWarningSeconds(double v) {
-            stallWarningSeconds = nonNegative(v);
-            return this;
+            return set("stall_warning_s", v);
         }
 
         /** After this long a tensor some ranks never submitted fails with a {@link StallException}; 0 = never. */
         public Options stallTimeoutSeconds(double v) {
-            stallTimeoutSeconds = nonNegative(v);
-            return this;
+            return set("stall_timeout_s", v);
         }
 
         /** Pipeline chunk of large reductions. */
         public Options chunkBytes(long v) {
-            chunkBytes = nonNegative(v);
-            return this;
-        }
-
-        private static long nonNegative(long v) {
-            if (v < 0) {
-                throw new IllegalArgumentException("Conflux: option value must be >= 0, not " + v);
-            }
-            return v;
-        }
-
-        private static double nonNegative(double v) {
-            if (!(v >= 0)) {
-                throw new IllegalArgumentException("Conflux: option value must be >= 0, not " + v);
-            }
-            return v;
+            return set("chunk_bytes", v);
         }
     }
 
     /**
      * Per-call options of an allreduce (the C ABI's {@code cfx_allreduce_options}): the reduction,
-     * the scale factors and the {@link Compression}. The defaults are SUM, 1, 1 and
-     * {@link Compression#NONE}. An options object holds no state of a call and may be reused and
+     * the scale factors and the {@link Compression}. The defaults are AVERAGE (every binding's
+     * default op, docs/bindings.md), 1, 1 and {@link Compression#NONE}. An options object holds no state of a call and may be reused and
      * shared between threads once set up.
      *
      * <pre>{@code
@@ -151,12 +137,12 @@ public final class Conflux implements AutoCloseable {
      * }</pre>
      */
     public static final class AllreduceOptions {
-        ReduceOp op = ReduceOp.SUM;
+        ReduceOp op = DEFAULT_OP;
         double prescale = 1.0;
         double postscale = 1.0;
         Compression compression = Compression.NONE;
 
-        /** The reduction (default SUM). */
+        /** The reduction (default AVERAGE). */
         public AllreduceOptions op(ReduceOp v) {
             if (v == null) {
                 throw new IllegalArgumentException("Conflux.AllreduceOptions.op: null");
@@ -185,7 +171,15 @@ public final class Conflux implements AutoCloseable {
             compression = v;
             return this;
         }
+
+        /** {@link #compression(Compression)} by name: "none", "fp16", "bf16", "fp16_everywhere", "bf16_everywhere" (any case). */
+        public AllreduceOptions compression(String name) {
+            return compression(Compression.of(name));
+        }
     }
+
+    /** The op of an allreduce that names none: AVERAGE, as in Python, Lua and Horovod. */
+    public static final ReduceOp DEFAULT_OP = ReduceOp.AVERAGE;
 
     /** How long close() waits for each pending handle after shutdown (they complete at once). */
     private static final double CLOSE_WAIT_SECONDS = 30.0;
@@ -221,8 +215,18 @@ public final class Conflux implements AutoCloseable {
 
     /** Joins the job (collective across ranks). */
     public static Conflux init(Options o) {
-        long p = ConfluxNative.cfxj_init(o.transport, o.fusionThresholdBytes, o.cycleTimeMs, o.cacheCapacity,
-                o.logLevel, o.deterministic, o.stallWarningSeconds, o.stallTimeoutSeconds, o.chunkBytes);
+        long opts = ConfluxNative.cfxj_init_options();
+        if (opts == 0) {
+            throw lastError();
+        }
+        for (Map.Entry<String, Double> e : o.byName.entrySet()) {
+            int st = ConfluxNative.cfxj_init_option(opts, e.getKey(), e.getValue());
+            if (st != cfx_status.CFX_OK) {
+                ConfluxNative.cfxj_free(opts);
+                throw ConfluxException.of(st, "Conflux: " + ConfluxNative.cfxj_run_message());
+            }
+        }
+        long p = ConfluxNative.cfxj_init(opts);  // frees opts
         if (p == 0) {
             throw lastError();
         }
@@ -352,6 +356,16 @@ public final class Conflux implements AutoCloseable {
     }
 
     // ---- allreduce ---------------------------------------------------------------------------------
+
+    /** Averages {@code data} (any array or direct buffer the other forms take) across ranks in place: {@link #DEFAULT_OP}. */
+    public <T> T allreduce(String name, T data) {
+        return run(Handle.Kind.ALLREDUCE, name, data, null, DEFAULT_OP, 1.0, 1.0, 0, Compression.NONE);
+    }
+
+    /** Asynchronous {@link #allreduce(String, Object)}. */
+    public <T> Handle<T> allreduceAsync(String name, T data) {
+        return submit(Handle.Kind.ALLREDUCE, name, data, null, DEFAULT_OP, 1.0, 1.0, 0, null, Compression.NONE);
+    }
 
     /**
      * Reduces {@code data} (any array or direct buffer the other forms take) across ranks in place
@@ -895,10 +909,8 @@ public final class Conflux implements AutoCloseable {
         int dt = o.dtype.code;
         switch (kind) {
             case ALLREDUCE:
-                h = compression == Compression.NONE
-                        ? ConfluxNative.cfxj_allreduce(p, name, o.address, o.count, dt, op.code, prescale, postscale)
-                        : ConfluxNative.cfxj_allreduce_opts(p, name, o.address, o.count, dt, op.code, prescale,
-                                postscale, compression.code);
+                h = ConfluxNative.cfxj_allreduce(p, name, o.address, o.count, dt, op.code, prescale, postscale,
+                        compression.code);
                 break;
             case BROADCAST:
                 h = ConfluxNative.cfxj_broadcast(p, name, o.address, o.count, dt, root);

@@ -374,7 +374,7 @@ class CompressionTest {
         e = assertThrows(IllegalArgumentException.class,
                 () -> new GradientSet(cfx, "cz.ef.none", new GradientSet.Options().errorFeedback(true)));
         assertTrue(e.getMessage().contains("error_feedback"), e.getMessage());
-        assertThrows(IllegalArgumentException.class, () -> new Conflux.AllreduceOptions().compression(null));
+        assertThrows(IllegalArgumentException.class, () -> new Conflux.AllreduceOptions().compression((Compression) null));
         assertThrows(IllegalArgumentException.class, () -> cfx.allreduce("cz.null", new float[1],
                 (Conflux.AllreduceOptions) null));
         // only local checks above: no rank may go on (and close its context) while another makes them

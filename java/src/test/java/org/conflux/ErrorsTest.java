@@ -117,7 +117,7 @@ class ErrorsTest extends OnSharedContext {
         assertThrows(IllegalArgumentException.class, () -> cfx.broadcast("x", new float[2], size));
         assertThrows(IllegalArgumentException.class,
                 () -> cfx.alltoall("x", new float[4], new long[] {1, 2, 3, 4, 5, 6}));            // wrong count
-        assertThrows(IllegalArgumentException.class, () -> new Conflux.Options().fusionThresholdBytes(-1));
+        assertThrows(IllegalArgumentException.class, () -> Conflux.init(new Conflux.Options().fusionThresholdBytes(-1)));
         Handle<float[]> h = cfx.allreduceAsync("bad.args.ok", new float[] {1f}, ReduceOp.SUM);
         assertThrows(IllegalArgumentException.class, () -> h.await(-1, TimeUnit.SECONDS));
         assertEquals(size, h.await()[0]);
