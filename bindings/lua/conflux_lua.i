@@ -65,6 +65,7 @@
 #include <time.h>
 #include <stdlib.h>
 #include <string.h>
+#include "kernels/half.h" /* the engine's element conversions (capi/src) */
 
 #define CFXL_ARRAY "conflux.array"
 /* The same type with its elements in shared tensor memory: its own metatable, so that only these
@@ -116,61 +117,9 @@ static cfx_handle cfxl_check_handle(lua_State *L, int idx) {
     return (cfx_handle)luaL_checkinteger(L, idx);
 }
 
-/* ---- float16 / bfloat16 <-> float (round to nearest even) ---- */
-
-static float cfxl_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-    float f;
-    if (exp == 0) {
-        f = ldexpf((float)man, -24);
-        return sign ? -f : f;
-    }
-    if (exp == 31) bits = sign | 0x7f800000u | (man << 13);
-    else bits = sign | ((exp + 112) << 23) | (man << 13);
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static uint16_t cfxl_f32_to_f16(float f) {
-    uint32_t x, sign, man;
-    int32_t exp;
-    memcpy(&x, &f, sizeof x);
-    sign = (x >> 16) & 0x8000u;
-    exp = (int32_t)((x >> 23) & 0xff) - 127 + 15;
-    man = x & 0x7fffffu;
-    if (((x >> 23) & 0xff) == 0xff) return (uint16_t)(sign | 0x7c00u | (man ? 0x200u : 0));
-    if (exp >= 31) return (uint16_t)(sign | 0x7c00u);
-    if (exp <= 0) {
-        uint32_t m, shift, r, half;
-        if (exp < -10) return (uint16_t)sign;
-        m = man | 0x800000u;
-        shift = (uint32_t)(14 - exp);
-        r = m >> shift;
-        half = 1u << (shift - 1);
-        if ((m & ((half << 1) - 1)) > half || ((m & ((half << 1) - 1)) == half && (r & 1))) r++;
-        return (uint16_t)(sign | r);
-    }
-    {
-        uint32_t r = sign | ((uint32_t)exp << 10) | (man >> 13), rest = man & 0x1fffu;
-        if (rest > 0x1000u || (rest == 0x1000u && (r & 1))) r++;
-        return (uint16_t)r;
-    }
-}
-
-static float cfxl_bf16_to_f32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static uint16_t cfxl_f32_to_bf16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
-}
+/* float16 / bfloat16 elements convert with the engine's own functions (kernels/half.h:
+ * half_to_float, float_to_half, bhalf_to_float, float_to_bhalf), so a stored value is the value the
+ * engine reduces. */
 
 /* Pushes element i (0-based). */
 static void cfxl_push_elem(lua_State *L, const cfxl_array *a, int64_t i) {
@@ -182,8 +131,8 @@ static void cfxl_push_elem(lua_State *L, const cfxl_array *a, int64_t i) {
     case CFX_INT16: lua_pushinteger(L, *(const int16_t *)p); break;
     case CFX_INT32: lua_pushinteger(L, *(const int32_t *)p); break;
     case CFX_INT64: lua_pushinteger(L, (lua_Integer) * (const int64_t *)p); break;
-    case CFX_FLOAT16: lua_pushnumber(L, cfxl_f16_to_f32(*(const uint16_t *)p)); break;
-    case CFX_BFLOAT16: lua_pushnumber(L, cfxl_bf16_to_f32(*(const uint16_t *)p)); break;
+    case CFX_FLOAT16: lua_pushnumber(L, half_to_float(*(const uint16_t *)p)); break;
+    case CFX_BFLOAT16: lua_pushnumber(L, bhalf_to_float(*(const uint16_t *)p)); break;
     case CFX_FLOAT32: lua_pushnumber(L, *(const float *)p); break;
     case CFX_FLOAT64: lua_pushnumber(L, *(const double *)p); break;
     case CFX_BOOL: lua_pushboolean(L, *(const uint8_t *)p != 0); break;
@@ -218,8 +167,8 @@ static const char *cfxl_set_elem(lua_State *L, cfxl_array *a, int64_t i, int v) 
     case CFX_INT32: *(int32_t *)p = (int32_t)k; break;
     case CFX_INT64: *(int64_t *)p = (int64_t)k; break;
     case CFX_BOOL: *(uint8_t *)p = k != 0; break;
-    case CFX_FLOAT16: *(uint16_t *)p = cfxl_f32_to_f16((float)x); break;
-    case CFX_BFLOAT16: *(uint16_t *)p = cfxl_f32_to_bf16((float)x); break;
+    case CFX_FLOAT16: *(uint16_t *)p = float_to_half((float)x); break;
+    case CFX_BFLOAT16: *(uint16_t *)p = float_to_bhalf((float)x); break;
     case CFX_FLOAT32: *(float *)p = (float)x; break;
     case CFX_FLOAT64: *(double *)p = (double)x; break;
     default: return "unknown dtype";

@@ -105,6 +105,15 @@ describe("conflux collectives", function()
     assert.are.equal(0, mn[1])
   end)
 
+  it("stores float16 and bfloat16 elements rounded to nearest even, as the engine does", function()
+    local h = cfx.array("float16", { 1 + 2 ^ -11, 1 + 3 * 2 ^ -11, 2 ^ -24, 65520, -1 / 3 })
+    assert.are.same({ 1.0, 1 + 2 ^ -9, 2 ^ -24, math.huge, -0.333251953125 }, h:totable())
+    local b = cfx.array("bfloat16", { 1 + 2 ^ -8, 1 + 3 * 2 ^ -8, -1 / 3 })
+    assert.are.same({ 1.0, 1 + 2 ^ -6, -0.333984375 }, b:totable())
+    cfx.allreduce(h, { op = "sum", name = "l.f16.round" })  -- every rank the same values: size times
+    assert.are.same({ size * 1.0, size * (1 + 2 ^ -9), size * 2 ^ -24, math.huge, nil }, { h[1], h[2], h[3], h[4] })
+  end)
+
   it("averages by default (allreduce and reducescatter), as every binding does", function()
     local t = {}
     for i = 1, 5 do t[i] = S.value(rank, i) end
