@@ -76,14 +76,18 @@ def torch_path(request, monkeypatch):
     took), or declining every call, so that the Python path runs: both must give the same results
     and raise the same errors."""
     torch, cfx = _torch_or_skip()
-    ns = cfx.allreduce_.__globals__  # the namespace every allreduce form was compiled in
-    real, taken = ns["native"], []
+    from conflux import _collectives
+    real, taken = cfx._ADAPTER.native, []
 
     def counting(*args):
         r = real(*args)
         taken.append(r is not None)
         return r
-    monkeypatch.setitem(ns, "native", counting if request.param == "native" else lambda *args: None)
+    # conflux.torch's functions made again (conflux._collectives) with the adapter's native call
+    # replaced, in the module for the test
+    adapter = cfx._ADAPTER._replace(native=counting if request.param == "native" else lambda *args: None)
+    for name, fn in _collectives.tensor_collectives(adapter).items():
+        monkeypatch.setattr(cfx, name, fn)
     return request.param, torch, cfx, taken
 
 
