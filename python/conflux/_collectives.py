@@ -7,7 +7,6 @@ library with its Adapter and puts the functions into a module or a process set.
 """
 from . import _capi
 from . import _core
-from . import _ops
 
 # The defaults of the parameters (conflux._ops.PARAMS).
 DEFAULT_op = _core.Average
@@ -45,7 +44,7 @@ def array_collectives(adapter, submit=_core.submit):
     # ---- allreduce ----
     allreduce_entry = _capi.cfx_py_allreduce_async
     allreduce_autograd = autograd.get('allreduce')
-    allreduce_kind = _ops.FAST_KIND['allreduce']
+    allreduce_kind = _capi._capi_native.CFX_PY_ALLREDUCE
     if fast:
         def allreduce_async(array, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
             t = input(array, 'allreduce')
@@ -189,7 +188,7 @@ def array_collectives(adapter, submit=_core.submit):
     # ---- broadcast ----
     broadcast_entry = _capi.cfx_broadcast_async
     broadcast_autograd = autograd.get('broadcast')
-    broadcast_kind = _ops.FAST_KIND['broadcast']
+    broadcast_kind = _capi._capi_native.CFX_PY_BROADCAST
     if fast:
         def broadcast_async(array, root_rank, name=DEFAULT_name):
             return broadcast_async_(copy(array, 'broadcast'), root_rank, name)
@@ -304,7 +303,7 @@ def tensor_collectives(adapter, submit=_core.submit):
     # ---- allreduce ----
     allreduce_entry = _capi.cfx_py_allreduce_async
     allreduce_autograd = autograd.get('allreduce')
-    allreduce_kind = _ops.FAST_KIND['allreduce']
+    allreduce_kind = _capi._capi_native.CFX_PY_ALLREDUCE
     if fast:
         def allreduce_async(tensor, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
             t = input(tensor, 'allreduce')
@@ -448,7 +447,7 @@ def tensor_collectives(adapter, submit=_core.submit):
     # ---- broadcast ----
     broadcast_entry = _capi.cfx_broadcast_async
     broadcast_autograd = autograd.get('broadcast')
-    broadcast_kind = _ops.FAST_KIND['broadcast']
+    broadcast_kind = _capi._capi_native.CFX_PY_BROADCAST
     if fast:
         def broadcast_async(tensor, root_rank, name=DEFAULT_name):
             return broadcast_async_(copy(tensor, 'broadcast'), root_rank, name)

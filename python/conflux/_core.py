@@ -25,6 +25,9 @@ from . import _capi_native as _native
 ConfluxError = _native.ConfluxError
 STATUS_ERRORS = _native.ERROR_CLASSES
 globals().update((cls.__name__, cls) for cls in STATUS_ERRORS)
+# The ones this module raises itself, by name.
+NotInitializedError, ShutDownError = _native.NotInitializedError, _native.ShutDownError
+WaitTimeoutError, OutOfMemoryError = _native.WaitTimeoutError, _native.OutOfMemoryError
 
 
 class DtypeError(TypeError, ValueError):

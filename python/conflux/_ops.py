@@ -15,6 +15,7 @@ docstrings are the library's.
 from typing import Callable, NamedTuple
 
 from . import _capi
+from . import _collectives
 from . import _core
 
 # ---- how the out-of-place result is made ----
@@ -109,7 +110,6 @@ def install(module_globals, adapter, docs, submit=_core.submit):
     in the module whose globals are `module_globals`, with docstrings from `docs`: a docstring as
     it reads without the indentation of a def's body. `submit` (as _core.submit) starts a
     collective: the process sets' functions pass one that submits to their own context."""
-    from . import _collectives
     module = module_globals["__name__"]
     made = getattr(_collectives, adapter.nouns[0] + "_collectives")(adapter, submit)
     for name, fn in made.items():

@@ -23,6 +23,7 @@ import numpy as _np
 
 from . import _capi
 from . import _core
+from ._numpy import _describe, _dtype_code, _inplace
 
 
 class _Native:
@@ -100,7 +101,6 @@ class GradientSet:
         gname = _core.check_name(name)
         if gname is None:
             raise TypeError("a gradient needs a name")
-        from . import _describe, _dtype_code, _inplace
         if self.owned:
             if array is not None:
                 raise ValueError("gradient set '%s' owns its storage: add('%s') takes shape and "

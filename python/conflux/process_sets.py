@@ -26,6 +26,7 @@ import weakref
 
 from . import _capi
 from . import _core
+from . import _numpy
 from . import _ops
 
 _live = weakref.WeakSet()   # Subsets whose context is not freed yet
@@ -162,8 +163,7 @@ class ProcessSet:
         self.__dict__.update(self._collectives(self._subset.submit))
 
     def _collectives(self, submit):
-        from . import _ADAPTER, _DOCS
-        return collectives(_ADAPTER, _DOCS, submit, "conflux")
+        return collectives(_numpy.ADAPTER, _numpy.DOCS, submit, "conflux")
 
     @property
     def ranks(self):

@@ -15,10 +15,10 @@ import types
 
 import torch
 
-from . import torch as _cfx
+from . import _core
+from ._torch_adapter import ADAPTER as _ADAPTER, DOCS as _DOCS, _differentiable
 from .process_sets import ProcessSet as _ProcessSet, collectives as _collectives
 
-_ADAPTER = _cfx._ADAPTER
 
 
 def _needs_grad(x, what):
@@ -27,7 +27,7 @@ def _needs_grad(x, what):
         return False
     if isinstance(x, (list, tuple)):
         return any(isinstance(t, torch.Tensor) and t.requires_grad for t in x)
-    return _cfx._differentiable(x, what)
+    return _differentiable(x, what)
 
 
 class _Group:
@@ -48,7 +48,7 @@ def _rows_before(ns, rows):
 
 
 def _scaled(grads, op, pre, post, size):
-    scale = pre * post / (size if op == _cfx.Average else 1)
+    scale = pre * post / (size if op == _core.Average else 1)
     return [g if scale == 1 else g * scale for g in grads]
 
 
@@ -88,7 +88,7 @@ def _autograd(ns):
 
         @staticmethod
         def backward(ctx, grad):
-            reduced = ns.allreduce_async(grad, _cfx.Average).wait()
+            reduced = ns.allreduce_async(grad, _core.Average).wait()
             return reduced.narrow(0, _rows_before(ns, [ctx.rows])[0], ctx.rows), None
 
     class GroupedAllgather(torch.autograd.Function):
@@ -99,7 +99,7 @@ def _autograd(ns):
 
         @staticmethod
         def backward(ctx, *grads):
-            reduced = ns.grouped_allreduce_async(list(grads), _cfx.Average).wait()
+            reduced = ns.grouped_allreduce_async(list(grads), _core.Average).wait()
             offsets = _rows_before(ns, ctx.rows)
             return (None,) + tuple(g.narrow(0, o, n)
                                    for g, o, n in zip(reduced, offsets, ctx.rows))
@@ -112,7 +112,7 @@ def _autograd(ns):
 
         @staticmethod
         def backward(ctx, grad):
-            reduced = ns.allreduce_async(grad, _cfx.Average).wait()
+            reduced = ns.allreduce_async(grad, _core.Average).wait()
             if ns.rank() != ctx.root_rank:
                 reduced.zero_()
             return reduced, None, None
@@ -163,7 +163,7 @@ def differentiable_collectives(submit, rank, size, module):
     forms differentiable; rank() and size() are those of the ranks it runs on."""
     ns = types.SimpleNamespace(rank=rank, size=size)
     adapter = _ADAPTER._replace(autograd=_autograd(ns), differentiable=_needs_grad)
-    ns.__dict__.update(_collectives(adapter, _cfx._DOCS, submit, module))
+    ns.__dict__.update(_collectives(adapter, _DOCS, submit, module))
     return ns
 
 

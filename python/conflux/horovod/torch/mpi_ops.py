@@ -13,7 +13,7 @@ import weakref
 import torch
 
 from conflux import _core
-from conflux.torch import _wire_compression
+from conflux.torch import _wire_compression, allgather_object as _allgather_object
 from conflux.torch_process_sets import differentiable_collectives
 
 from ..common import process_sets as _ps
@@ -77,8 +77,7 @@ def init(comm=None, process_sets=None):
 
 
 def _GLOBAL_OBJECTS(obj):
-    from .functions import allgather_object
-    return allgather_object(obj, name="hvd.init.process_sets")
+    return _allgather_object(obj, name="hvd.init.process_sets")
 
 
 def shutdown():
