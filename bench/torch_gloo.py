@@ -173,16 +173,17 @@ def make_optimizer(module, w):
 
 def make_c_gradset_step(module, w):
     """torch_c_gradset: the C gradient-set step of bench/run's conflux_gradset row (every gradient
-    marked ready, last first, then wait; cfx_py_bench_c_gradset with the GIL released) on the
+    marked ready, last first, then wait; bench/lang/bench_loops.gradset with the GIL released) on the
     gradient set of an optimizer made as make_optimizer makes it: the optimizer row's C reference,
     in the same process and the same rounds."""
-    from conflux import _capi
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lang"))
+    import bench_loops  # bench/lang: the C loops, bench-only
     grads, hooked = make_optimizer(module, w)
     opt = hooked.optimizer
     if len(opt._sets) != 1:
         raise AssertionError("%d gradient sets, expected one" % len(opt._sets))
-    ptr, count = opt._sets[0].native.ptr, len(grads)
-    run = _capi._capi_native.cfx_py_bench_c_gradset
+    ptr, count = int(opt._sets[0].native.ptr), len(grads)
+    run = bench_loops.gradset
 
     def step():
         run(ptr, count, 1)

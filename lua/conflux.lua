@@ -622,13 +622,6 @@ end
 --     (the first #data % size ranks get one more element).
 --   barrier() -> true once every rank reached it; join() -> the rank that joined last.
 
---- For bench/lang: n 1-element allreduces issued from C on this context, their times in us.
-function M._bench_c_allreduce(n)
-  local t, st, msg = core.bench_c_allreduce(context(2), n)
-  if not t then raise(st, msg, 2) end
-  return t
-end
-
 --- start_timeline(path [, mark_cycles]): writes this rank's timeline (Chrome trace-event JSON of
 -- every tensor's phases) to `path` with the rank inserted ("%r" in the path, else ".rank<r>" before
 -- the extension); mark_cycles adds the background thread's cycles. Not collective.
@@ -687,6 +680,13 @@ local function gs_native(self, level)
   if not self._set then raise(1, "gradient set '" .. self.name .. "' was freed", level + 1) end
   if not ctx then raise(2, "conflux is not initialized: call conflux.init() first", level + 1) end
   return self._set
+end
+
+--- cfx._address([gs]): the C pointer of this context (or of gradient set gs) as an integer, for
+-- native code that calls the C ABI on them (bench/lang's loops).
+function M._address(gs)
+  if gs ~= nil then return core.address(gs_native(gs, 2)) end
+  return core.address(context(2))
 end
 
 --- cfx.gradient_set{ name = ..., op = "average", bucket_bytes = 0, accumulate_steps = 1,
@@ -786,14 +786,6 @@ function GradientSet:free()
   end
 end
 GradientSet.__close = GradientSet.free
-
---- For bench/lang: n steps of the committed set issued from C (every gradient marked ready in
--- reverse order of adds, then wait): their times and those of their ready calls alone, in us.
-function M._bench_c_gradset(gs, n)
-  local t, r, msg = core.bench_c_gradset(gs_native(gs, 2), gs._count, n)
-  if not t then raise(r, msg, 2) end
-  return t, r
-end
 
 function GradientSet:__tostring()
   return string.format("conflux.gradient_set('%s', %d gradients%s)", self.name, self._count,

@@ -11,7 +11,6 @@
  */
 import java.io.IOException;
 import java.lang.reflect.Field;
-import java.lang.reflect.Method;
 import java.nio.FloatBuffer;
 import java.nio.file.Files;
 import java.nio.file.Paths;
@@ -24,6 +23,13 @@ import org.conflux.GradientSet;
 import org.conflux.ReduceOp;
 
 public final class GradientStep {
+    /** bench/lang's C step (loops.c, through loops_jni.c): -Dconflux.bench.jni names the library. */
+    private static native int cStep(long set, int count, double[] out, double[] ready);
+
+    static {
+        System.load(System.getProperty("conflux.bench.jni"));
+    }
+
     public static void main(String[] args) throws Exception {
         if (args.length < 1) {
             throw new IllegalArgumentException("usage: GradientStep WORKLOAD.tsv [steps] [blocks]");
@@ -44,13 +50,9 @@ public final class GradientStep {
             Field setField = GradientSet.class.getDeclaredField("set");
             setField.setAccessible(true);
             long set = (Long) setField.get(gs);
-            Class<?> nat = Class.forName("org.conflux.ConfluxNative");
-            Method cStep = nat.getDeclaredMethod("cfxj_bench_c_gradset", long.class, int.class, double[].class,
-                    double[].class);
-            cStep.setAccessible(true);
             Runnable c = () -> {
                 try {
-                    cSteps(cStep, set, n, new double[1], new double[1]);
+                    cSteps(set, n, new double[1], new double[1]);
                 } catch (Exception e) {
                     throw new IllegalStateException(e);
                 }
@@ -70,7 +72,7 @@ public final class GradientStep {
             // neither path always follows the other
             for (int k = -1; k < blocks; k++) {
                 if (k % 2 == 0 || k < 0) {
-                    cSteps(cStep, set, n, block, blockReady);
+                    cSteps(set, n, block, blockReady);
                 }
                 for (int i = 0; i < per; i++) {
                     long t0 = System.nanoTime();
@@ -84,7 +86,7 @@ public final class GradientStep {
                     }
                 }
                 if (k % 2 != 0 && k >= 0) {
-                    cSteps(cStep, set, n, block, blockReady);
+                    cSteps(set, n, block, blockReady);
                 }
                 if (k >= 0) {
                     System.arraycopy(block, 0, tc, k * per, per);
@@ -101,8 +103,8 @@ public final class GradientStep {
     }
 
     /** block.length steps through the JNI helper (their times and those of their ready calls). */
-    static void cSteps(Method cStep, long set, int n, double[] block, double[] blockReady) throws Exception {
-        int st = (Integer) cStep.invoke(null, set, n, block, blockReady);
+    static void cSteps(long set, int n, double[] block, double[] blockReady) {
+        int st = cStep(set, n, block, blockReady);
         if (st != 0) {
             throw new IllegalStateException("C step failed: status " + st);
         }

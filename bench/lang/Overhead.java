@@ -16,6 +16,13 @@ import org.conflux.Conflux;
 import org.conflux.ReduceOp;
 
 public final class Overhead {
+    /** bench/lang's C loop (loops.c, through loops_jni.c): -Dconflux.bench.jni names the library. */
+    private static native int cLoop(long ctx, double[] out);
+
+    static {
+        System.load(System.getProperty("conflux.bench.jni"));
+    }
+
     static final int WARM_CALLS = 20_000;
 
     public static void main(String[] args) throws Exception {
@@ -25,9 +32,6 @@ public final class Overhead {
         try (Conflux cfx = Conflux.init()) {
             Method ptr = Conflux.class.getDeclaredMethod("ptr");
             ptr.setAccessible(true);
-            Class<?> nat = Class.forName("org.conflux.ConfluxNative");
-            Method cLoop = nat.getDeclaredMethod("cfxj_bench_c_allreduce", long.class, double[].class);
-            cLoop.setAccessible(true);
             long ctx = (Long) ptr.invoke(cfx);
             float[] a = {1f};
             FloatBuffer b = ByteBuffer.allocateDirect(4).order(ByteOrder.nativeOrder()).asFloatBuffer();
@@ -43,7 +47,7 @@ public final class Overhead {
             }
             Thread.sleep(200);  // let the compiler threads finish
             for (int k = -1; k < blocks; k++) {     // block -1 warms up the C loop and is not counted
-                int st = (Integer) cLoop.invoke(null, ctx, block);
+                int st = cLoop(ctx, block);
                 if (st != 0) {
                     throw new IllegalStateException("C loop failed: status " + st);
                 }

@@ -1,12 +1,13 @@
 -- gradient_step.lua - one gradient-set step through cfx.gradient_set (every parameter of a
 -- workload registered once, owned storage, each step gs:ready in reverse registration order, then
 -- gs:wait), interleaved in blocks with the same step on the same set issued from C in this process
--- (cfx._bench_c_gradset), so that both see the same set, the same buckets and the same load. The
+-- (cfx_bench_loops.gradset, bench-only), so that both see the same set, the same buckets and the same load. The
 -- result of one step of each kind is checked first against the sum of what every rank put in.
 -- Usage: lua5.4 gradient_step.lua WORKLOAD.tsv [steps] [blocks]. Rank 0 prints
 -- "<path> <median_us> <p10> <p90> <min>" for c-gradset-in-lua and lua-gradset (the step), and
 -- c-ready-in-lua and lua-ready (its ready calls alone: what the binding adds per step). See run.sh.
 local cfx = require "conflux"
+local loops = require "cfx_bench_loops"  -- bench/lang/loops.c, bench-only
 local path = assert(arg[1], "usage: gradient_step.lua WORKLOAD.tsv [steps] [blocks]")
 local steps, blocks = tonumber(arg[2]) or 40, tonumber(arg[3]) or 4
 local per = math.max(1, steps // blocks)
@@ -55,14 +56,14 @@ local function check_once(what, run)
 end
 
 check_once("lua-gradset", function() ready(); gs:wait() end)
-check_once("c-gradset-in-lua", function() cfx._bench_c_gradset(gs, 1) end)
+check_once("c-gradset-in-lua", function() assert(loops.gradset(cfx._address(gs), gs._count, 1)) end)
 
 local tc, tl, rc, rl = {}, {}, {}, {}
 -- block 0 warms up and is not counted; even blocks run the C steps last, so that neither path
 -- always follows the other
 for b = 0, blocks do
   local c, cr
-  if b % 2 == 1 or b == 0 then c, cr = cfx._bench_c_gradset(gs, per) end
+  if b % 2 == 1 or b == 0 then c, cr = assert(loops.gradset(cfx._address(gs), gs._count, per)) end
   for _ = 1, per do
     local t0 = clock()
     ready()
@@ -71,7 +72,7 @@ for b = 0, blocks do
     local t1 = clock()
     if b > 0 then tl[#tl + 1], rl[#rl + 1] = (t1 - t0) * 1e6, (tr - t0) * 1e6 end
   end
-  if not c then c, cr = cfx._bench_c_gradset(gs, per) end
+  if not c then c, cr = assert(loops.gradset(cfx._address(gs), gs._count, per)) end
   if b > 0 then
     for i, v in ipairs(c) do tc[#tc + 1], rc[#rc + 1] = v, cr[i] end
   end

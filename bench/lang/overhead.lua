@@ -1,9 +1,10 @@
 -- overhead.lua - per-call cost of a 1-element allreduce (enqueue + wait) through require "conflux",
 -- on a typed array (zero-copy) and on a table (copied), interleaved in blocks with the same call
--- made from C in this process (cfx._bench_c_allreduce), so that all three see the same conditions.
+-- made from C in this process (cfx_bench_loops.allreduce, bench-only), so that all three see the same conditions.
 -- Usage: lua5.4 overhead.lua [iterations] [blocks]. Rank 0 prints "<path> <median_us> <p10> <p90>"
 -- for c-in-lua, lua-array and lua-table. See run.sh.
 local cfx = require "conflux"
+local loops = require "cfx_bench_loops"  -- bench/lang/loops.c, bench-only
 local iters, blocks = tonumber(arg[1]) or 5000, tonumber(arg[2]) or 10
 local per = iters // blocks
 local clock = cfx.clock
@@ -20,7 +21,7 @@ local opts_a = { op = "sum", name = "ovh" }
 local opts_t = { op = "sum", name = "ovh", dtype = "float32" }
 local tc, ta, tt = {}, {}, {}
 for b = 0, blocks do          -- block 0 warms up and is not counted
-  local c = cfx._bench_c_allreduce(per)
+  local c = assert(loops.allreduce(cfx._address(), per))
   for i = 1, per do
     a[1] = 1
     local t0 = clock()

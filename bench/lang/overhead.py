@@ -1,7 +1,7 @@
 """bench/lang/overhead.py ITERS [BLOCKS]: per-call overhead of the Python package, at any number of
 ranks under mpirun. Times a blocking 1-element float32 SUM allreduce named "ovh" from
-- c-in-python: the C loop of overhead.c run inside this process (conflux._capi_native's
-  cfx_py_bench_c_allreduce, GIL released): the baseline, same process, context and load;
+- c-in-python: the C loop of overhead.c run inside this process (bench_loops.allreduce: loops.c
+  through ctypes, GIL released): the baseline, same process, context and load;
 - py-numpy: conflux.allreduce_(array, op=Sum, name="ovh");
 - py-torch: conflux.torch.allreduce_(tensor, ...), in place;
 - py-torch-new: conflux.torch.allreduce(tensor, ...), a new tensor;
@@ -15,7 +15,9 @@ import time
 import numpy as np
 
 import conflux
-from conflux import _capi, _core
+from conflux import _core
+
+import bench_loops  # bench/lang: the C loop, bench-only
 
 
 def main():
@@ -40,8 +42,8 @@ def main():
         paths["py-torch-new"] = lambda: cfx.allreduce(t, op=cfx.Sum, name="ovh")
         paths["py-torch-async"] = lambda: cfx.synchronize(cfx.allreduce_async_(t, op=cfx.Sum, name="ovh"))
         paths["py-horovod"] = lambda: hvd.allreduce_(t, op=hvd.Sum, name="ovh")
-    c_loop = _capi._capi_native.cfx_py_bench_c_allreduce
-    ptr = _core.current().ptr
+    c_loop = bench_loops.allreduce
+    ptr = _core.current().address
     times = {"c-in-python": []}
     times.update((k, []) for k in paths)
     clock = time.perf_counter_ns

@@ -22,7 +22,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
        OMPI_MCA_hwloc_base_binding_policy=none
-export LUA_PATH_5_4="$build/lua/?.lua;;" LUA_CPATH_5_4="$build/lua/?.so;;"
+export LUA_PATH_5_4="$build/lua/?.lua;;" LUA_CPATH_5_4="$build/lua/?.so;$build/bench/lang/?.so;;"
+jni="-Dconflux.bench.jni=$build/bench/lang/libcfx_bench_loops_jni.so"  # the C loops (loops_jni.c)
 cc -std=c11 -O2 -I"$src/capi/include" "$here/overhead.c" -L"$build/capi" -lconflux \
    -Wl,-rpath,"$build/capi" -o "$tmp/overhead_c"
 mpi="mpirun -np 2 --timeout 300"
@@ -30,15 +31,15 @@ mpi="mpirun -np 2 --timeout 300"
 r=1
 while [ "$r" -le "$rounds" ]; do
   $mpi "$tmp/overhead_c" "$iters" "$warm" | tee -a "$tmp/all"
-  $mpi java -XX:+UseSerialGC -cp "$build/java/conflux.jar" "$here/Overhead.java" "$iters" 10 | tee -a "$tmp/all"
+  $mpi java -XX:+UseSerialGC "$jni" -cp "$build/java/conflux.jar" "$here/Overhead.java" "$iters" 10 | tee -a "$tmp/all"
   $mpi lua5.4 "$here/overhead.lua" "$iters" 10 | tee -a "$tmp/all"
   if [ -d "$build/python/conflux" ]; then
-    PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}" $mpi /usr/bin/python3 "$here/overhead.py" "$iters" 10 |
+    PYTHONPATH="$build/python:$here${PYTHONPATH:+:$PYTHONPATH}" $mpi /usr/bin/python3 "$here/overhead.py" "$iters" 10 |
       tee -a "$tmp/all"
   elif [ "$r" -eq 1 ]; then
     echo "run.sh: no Python rows ($build/python/conflux is not built)"
   fi
-  $mpi java -XX:+UseSerialGC -cp "$build/java/conflux.jar" "$here/GradientStep.java" "$workload" "$steps" 4 |
+  $mpi java -XX:+UseSerialGC "$jni" -cp "$build/java/conflux.jar" "$here/GradientStep.java" "$workload" "$steps" 4 |
     tee -a "$tmp/all"
   $mpi lua5.4 "$here/gradient_step.lua" "$workload" "$steps" 4 | tee -a "$tmp/all"
   r=$((r + 1))

@@ -439,66 +439,7 @@ int cfxj_join_rank(cfx_context *ctx, cfx_handle handle) {
     return r;
 }
 
-/* For bench/lang only: times `n = out.length` 1-element float32 allreduces (enqueue + wait +
- * release) issued from C on this context, microseconds into `out`, so that a Java benchmark can
- * interleave them with its own calls under the same conditions. Returns the status. */
-int cfxj_bench_c_allreduce(JNIEnv *jenv, cfx_context *ctx, jdoubleArray out) {
-    jsize n = (*jenv)->GetArrayLength(jenv, out), i;
-    double *t = malloc(((size_t)n + 1) * sizeof *t);
-    float x = 1.0f;
-    int64_t shape[1] = {1};
-    cfx_tensor tensor = cfxj_tensor((int64_t)(intptr_t)&x, 1, CFX_FLOAT32, shape);
-    cfx_status s = CFX_OK;
-    if (!t) return (int)CFX_ERR_OUT_OF_MEMORY;
-    for (i = 0; i < n && s == CFX_OK; i++) {
-        struct timespec a, b;
-        cfx_handle h = 0;
-        timespec_get(&a, TIME_UTC);
-        s = cfx_allreduce_async(ctx, "ovh", &tensor, NULL, CFX_OP_SUM, 1.0, 1.0, &h);
-        if (s == CFX_OK) s = cfx_wait(ctx, h, -1.0);
-        if (h) cfx_handle_release(ctx, h);
-        timespec_get(&b, TIME_UTC);
-        t[i] = (double)(b.tv_sec - a.tv_sec) * 1e6 + (double)(b.tv_nsec - a.tv_nsec) * 1e-3;
-        x = 1.0f;
-    }
-    (*jenv)->SetDoubleArrayRegion(jenv, out, 0, n, t);
-    free(t);
-    return (int)s;
-}
-
 /* ---- gradient sets (GradientSet.java); the set is a long address, 0 = none ---- */
-
-/* For bench/lang only: times `n = out.length` steps of the committed set at `set` (its gradients
- * 0 .. count - 1 marked ready in reverse order, then wait) issued from C, microseconds into
- * `out`, and the ready calls alone into `ready` (same length), so that a Java benchmark can
- * interleave them with the same step through GradientSet. Returns the status. */
-int cfxj_bench_c_gradset(JNIEnv *jenv, int64_t set, int32_t count, jdoubleArray out,
-                         jdoubleArray ready) {
-    jsize n = (*jenv)->GetArrayLength(jenv, out), k;
-    double *t = malloc(((size_t)n * 2 + 1) * sizeof *t);
-    cfx_gradset *gs = cfxj_ptr(set);
-    cfx_status s = CFX_OK;
-    if (!t) return (int)CFX_ERR_OUT_OF_MEMORY;
-    if ((*jenv)->GetArrayLength(jenv, ready) != n) {
-        free(t);
-        return (int)CFX_ERR_INVALID_ARGUMENT;
-    }
-    for (k = 0; k < n && s == CFX_OK; k++) {
-        struct timespec a, r, b;
-        int32_t i;
-        timespec_get(&a, TIME_UTC);
-        for (i = count - 1; i >= 0 && s == CFX_OK; i--) s = cfx_gradset_ready(gs, i);
-        timespec_get(&r, TIME_UTC);
-        if (s == CFX_OK) s = cfx_gradset_wait(gs, -1.0);
-        timespec_get(&b, TIME_UTC);
-        t[k] = (double)(b.tv_sec - a.tv_sec) * 1e6 + (double)(b.tv_nsec - a.tv_nsec) * 1e-3;
-        t[n + k] = (double)(r.tv_sec - a.tv_sec) * 1e6 + (double)(r.tv_nsec - a.tv_nsec) * 1e-3;
-    }
-    (*jenv)->SetDoubleArrayRegion(jenv, out, 0, n, t);
-    (*jenv)->SetDoubleArrayRegion(jenv, ready, 0, n, t + n);
-    free(t);
-    return (int)s;
-}
 
 /* cfx_gradset_create with every option spelled out; 0 on failure (status recorded). */
 int64_t cfxj_gradset_create(cfx_context *ctx, const char *name, int32_t op, int64_t bucket_bytes,

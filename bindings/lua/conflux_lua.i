@@ -937,63 +937,13 @@ static int cfxl_clock(lua_State *L) {
     lua_pushnumber(L, (lua_Number)ts.tv_sec + (lua_Number)ts.tv_nsec * 1e-9);
     return 1;
 }
-/* For bench/lang only: bench_c_allreduce(ctx, n) -> table of n times (us) of 1-element float32
- * allreduces (enqueue + wait + release) issued from C, to interleave with Lua's own calls. */
-static int cfxl_bench_c_allreduce(lua_State *L) {
-    cfx_context *ctx = cfxl_ctx(L, 1);
-    lua_Integer n = luaL_checkinteger(L, 2), i;
-    float x = 1.0f;
-    int64_t shape[1] = {1};
-    cfx_tensor t;
-    t.data = &x;
-    t.shape = shape;
-    t.ndim = 1;
-    t.dtype = CFX_FLOAT32;
-    t.device = CFX_DEVICE_CPU;
-    t.stream = NULL;
-    lua_createtable(L, n > 0 && n < INT32_MAX ? (int)n : 0, 0);
-    for (i = 1; i <= n; i++) {
-        struct timespec a, b;
-        cfx_handle h = 0;
-        cfx_status s;
-        timespec_get(&a, TIME_UTC);
-        s = cfx_allreduce_async(ctx, "ovh", &t, NULL, CFX_OP_SUM, 1.0, 1.0, &h);
-        if (s == CFX_OK) s = cfx_wait(ctx, h, -1.0);
-        if (h) cfx_handle_release(ctx, h);
-        timespec_get(&b, TIME_UTC);
-        if (s != CFX_OK) return cfxl_fail_last(L, s);
-        lua_pushnumber(L, (lua_Number)(b.tv_sec - a.tv_sec) * 1e6 + (lua_Number)(b.tv_nsec - a.tv_nsec) * 1e-3);
-        lua_rawseti(L, -2, i);
-        x = 1.0f;
-    }
+/* address(ctx | gradient set) -> the C pointer as an integer, for native code that calls the C ABI
+ * on this binding's objects (bench/lang's loops). */
+static int cfxl_address(lua_State *L) {
+    cfxl_gradset *g = (cfxl_gradset *)luaL_testudata(L, 1, CFXL_GRADSET);
+    void *p = g ? (void *)g->set : (void *)cfxl_ctx(L, 1);
+    lua_pushinteger(L, (lua_Integer)(intptr_t)p);
     return 1;
-}
-
-/* For bench/lang only: bench_c_gradset(set, count, n) -> two tables of n times (us): steps of the
- * committed set (its gradients count .. 1 marked ready, then wait) issued from C, and their ready
- * calls alone, to interleave with the same step through gs:ready / gs:wait. */
-static int cfxl_bench_c_gradset(lua_State *L) {
-    cfxl_gradset *g = cfxl_check_gradset(L, 1);
-    int32_t count = (int32_t)luaL_checkinteger(L, 2), i;
-    lua_Integer n = luaL_checkinteger(L, 3), k;
-    int hint = n > 0 && n < INT32_MAX ? (int)n : 0;
-    lua_createtable(L, hint, 0);
-    lua_createtable(L, hint, 0);
-    for (k = 1; k <= n; k++) {
-        struct timespec a, r, b;
-        cfx_status s = CFX_OK;
-        timespec_get(&a, TIME_UTC);
-        for (i = count - 1; i >= 0 && s == CFX_OK; i--) s = cfx_gradset_ready(g->set, i);
-        timespec_get(&r, TIME_UTC);
-        if (s == CFX_OK) s = cfx_gradset_wait(g->set, -1.0);
-        timespec_get(&b, TIME_UTC);
-        if (s != CFX_OK) return cfxl_fail_last(L, s);
-        lua_pushnumber(L, (lua_Number)(b.tv_sec - a.tv_sec) * 1e6 + (lua_Number)(b.tv_nsec - a.tv_nsec) * 1e-3);
-        lua_rawseti(L, -3, k);
-        lua_pushnumber(L, (lua_Number)(r.tv_sec - a.tv_sec) * 1e6 + (lua_Number)(r.tv_nsec - a.tv_nsec) * 1e-3);
-        lua_rawseti(L, -2, k);
-    }
-    return 2;
 }
 %}
 
@@ -1001,8 +951,7 @@ static int cfxl_bench_c_gradset(lua_State *L) {
 %native(shared_array_new) int cfxl_shared_array_new(lua_State *L);
 %native(shared_array_free) int cfxl_shared_array_free(lua_State *L);
 %native(array_state) int cfxl_array_state(lua_State *L);
-%native(bench_c_allreduce) int cfxl_bench_c_allreduce(lua_State *L);
-%native(bench_c_gradset) int cfxl_bench_c_gradset(lua_State *L);
+%native(address) int cfxl_address(lua_State *L);
 %native(is_array) int cfxl_is_array(lua_State *L);
 %native(init) int cfxl_init(lua_State *L);
 %native(subset) int cfxl_subset(lua_State *L);

@@ -523,108 +523,6 @@ static PyObject *cfx_py_fast_init(PyObject *self, PyObject *const *args, Py_ssiz
     Py_RETURN_NONE;
 }
 
-/* The bench helpers' result: a list of n floats (times in us) taken from t, which is freed. */
-static PyObject *cfx_py_times_list(double *t, Py_ssize_t n) {
-    PyObject *out = PyList_New(n);
-    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
-        PyObject *v = PyFloat_FromDouble(t[i]);
-        if (v == NULL) Py_CLEAR(out);
-        else PyList_SET_ITEM(out, i, v);
-    }
-    free(t);
-    return out;
-}
-
-static double cfx_py_elapsed_us(const struct timespec *a, const struct timespec *b) {
-    return (double)(b->tv_sec - a->tv_sec) * 1e6 + (double)(b->tv_nsec - a->tv_nsec) * 1e-3;
-}
-
-/* cfx_py_bench_c_allreduce(ptr, n) -> a list of n times (us): the C loop of bench/lang (a blocking
- * 1-element float32 SUM allreduce named "ovh": submit, cfx_wait, release), run inside this process
- * with the GIL released, so that the Python calls are compared with C under the same load. */
-static PyObject *cfx_py_bench_c_allreduce(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    void *vp = NULL;
-    if (cfx_py_fast_nargs(n, 2, "cfx_py_bench_c_allreduce") < 0) return NULL;
-    if (!SWIG_IsOK(SWIG_ConvertPtr(args[0], &vp, SWIGTYPE_p_cfx_context, 0)) || vp == NULL) {
-        PyErr_SetString(PyExc_TypeError, "cfx_py_bench_c_allreduce: expected a cfx_context pointer");
-        return NULL;
-    }
-    Py_ssize_t count = PyLong_AsSsize_t(args[1]);
-    if (count < 0) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "count must be >= 0");
-        return NULL;
-    }
-    double *t = malloc(((size_t)count + 1) * sizeof *t);
-    if (t == NULL) return PyErr_NoMemory();
-    float x = 1.0f;
-    int64_t shape[1] = {1};
-    cfx_tensor tensor;
-    memset(&tensor, 0, sizeof tensor);
-    tensor.data = &x;
-    tensor.dtype = CFX_FLOAT32;
-    tensor.ndim = 1;
-    tensor.shape = shape;
-    tensor.device = CFX_DEVICE_CPU;
-    cfx_status st = CFX_OK;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < count && st == CFX_OK; i++) {
-        struct timespec a, b;
-        cfx_handle h = 0;
-        timespec_get(&a, TIME_UTC);
-        st = cfx_allreduce_async(vp, "ovh", &tensor, NULL, CFX_OP_SUM, 1.0, 1.0, &h);
-        if (st == CFX_OK) st = cfx_wait(vp, h, -1.0);
-        if (h) (void)cfx_handle_release(vp, h);
-        timespec_get(&b, TIME_UTC);
-        t[i] = cfx_py_elapsed_us(&a, &b);
-        x = 1.0f;
-    }
-    Py_END_ALLOW_THREADS
-    if (st != CFX_OK) {
-        free(t);
-        cfx_py_raise((int)st, cfx_last_error());
-        return NULL;
-    }
-    return cfx_py_times_list(t, count);
-}
-
-/* cfx_py_bench_c_gradset(set, ngrads, steps) -> a list of `steps` times (us): the C gradient-set
- * step of bench/run (every gradient of the committed set marked ready, last first, then wait), run
- * inside this process with the GIL released, so that an optimizer's step through its hooks is
- * compared with C on the same set under the same load. */
-static PyObject *cfx_py_bench_c_gradset(PyObject *self, PyObject *const *args, Py_ssize_t n) {
-    void *vp = NULL;
-    if (cfx_py_fast_nargs(n, 3, "cfx_py_bench_c_gradset") < 0) return NULL;
-    if (!SWIG_IsOK(SWIG_ConvertPtr(args[0], &vp, SWIGTYPE_p_cfx_gradset, 0)) || vp == NULL) {
-        PyErr_SetString(PyExc_TypeError, "cfx_py_bench_c_gradset: expected a cfx_gradset pointer");
-        return NULL;
-    }
-    Py_ssize_t grads = PyLong_AsSsize_t(args[1]), steps = PyLong_AsSsize_t(args[2]);
-    if (grads < 0 || steps < 0 || grads > INT32_MAX) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "counts must be >= 0");
-        return NULL;
-    }
-    double *t = malloc(((size_t)steps + 1) * sizeof *t);
-    if (t == NULL) return PyErr_NoMemory();
-    cfx_status st = CFX_OK;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < steps && st == CFX_OK; i++) {
-        struct timespec a, b;
-        timespec_get(&a, TIME_UTC);
-        for (int32_t g = (int32_t)grads - 1; g >= 0 && st == CFX_OK; g--)
-            st = cfx_gradset_ready(vp, g);
-        if (st == CFX_OK) st = cfx_gradset_wait(vp, -1.0);
-        timespec_get(&b, TIME_UTC);
-        t[i] = cfx_py_elapsed_us(&a, &b);
-    }
-    Py_END_ALLOW_THREADS
-    if (st != CFX_OK) {
-        free(t);
-        cfx_py_raise((int)st, cfx_last_error());
-        return NULL;
-    }
-    return cfx_py_times_list(t, steps);
-}
-
 /* cfx_py_data_address(obj) -> the address of obj's memory through the buffer protocol (a C-contiguous
  * numpy array: what __array_interface__["data"][0] says, without building that dict). */
 static PyObject *cfx_py_data_address(PyObject *self, PyObject *obj) {
@@ -638,10 +536,6 @@ static PyObject *cfx_py_data_address(PyObject *self, PyObject *obj) {
 static PyMethodDef cfx_py_fast_methods[] = {
     {"cfx_py_data_address", cfx_py_data_address, METH_O,
      "cfx_py_data_address(obj) -> the address of a contiguous buffer's memory."},
-    {"cfx_py_bench_c_allreduce", (PyCFunction)(void (*)(void))cfx_py_bench_c_allreduce, METH_FASTCALL,
-     "cfx_py_bench_c_allreduce(ptr, n) -> n times (us) of a blocking 1-element allreduce from C."},
-    {"cfx_py_bench_c_gradset", (PyCFunction)(void (*)(void))cfx_py_bench_c_gradset, METH_FASTCALL,
-     "cfx_py_bench_c_gradset(set, ngrads, steps) -> step times (us) of a gradient-set step from C."},
     {"cfx_py_run", (PyCFunction)(void (*)(void))cfx_py_run, METH_FASTCALL,
      "cfx_py_run(kind, name, desc, output, a, b, c, d, ctx, keep): a lone collective, submitted and waited for."},
     {"cfx_py_submit", (PyCFunction)(void (*)(void))cfx_py_submit, METH_FASTCALL,
