@@ -46,106 +46,183 @@ def array_collectives(adapter, submit=_core.submit):
     allreduce_autograd = autograd.get('allreduce')
     allreduce_kind = _capi._capi_native.CFX_PY_ALLREDUCE
     if fast:
-        def allreduce_async(array, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
+        def allreduce_async(array, op=DEFAULT_op, name=DEFAULT_name,
+                            prescale_factor=DEFAULT_prescale_factor,
+                            postscale_factor=DEFAULT_postscale_factor,
+                            compression=DEFAULT_compression):
             t = input(array, 'allreduce')
             out, address = output_like(t)
             ctx = context()
-            return Handle(ctx, start(allreduce_kind, check_name(name), describe(t), address, check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor"), compression, ctx), (t, out),
+            return Handle(ctx,
+                          start(allreduce_kind, check_name(name), describe(t), address,
+                                check_op(op), check_scale(prescale_factor, "prescale_factor"),
+                                check_scale(postscale_factor, "postscale_factor"), compression,
+                                ctx), (t, out),
                           lambda h: out, 'allreduce', name)
 
-        def allreduce(array, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
+        def allreduce(array, op=DEFAULT_op, name=DEFAULT_name,
+                      prescale_factor=DEFAULT_prescale_factor,
+                      postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
             if native is not None:
                 ctx = native_context()
-                r = native(1, name, array, op, prescale_factor, postscale_factor, compression, ctx.address)
+                r = native(1, name, array, op, prescale_factor, postscale_factor, compression,
+                           ctx.address)
                 if r is not None:
                     if r.__class__ is tuple:
-                        return wait(Handle(ctx, r[0], r[1], lambda h, v=r[2]: v, 'allreduce', name))
+                        return wait(Handle(ctx, r[0], r[1], lambda h, v=r[2]: v, 'allreduce',
+                                           name))
                     return r
             if allreduce_autograd is not None and differentiable(array, 'allreduce'):
-                return allreduce_autograd.apply(array, op, name, prescale_factor, postscale_factor, compression)
+                return allreduce_autograd.apply(array, op, name, prescale_factor, postscale_factor,
+                                                compression)
             t = input(array, 'allreduce')
             out, address = output_like(t)
-            run(allreduce_kind, check_name(name), describe(t), address, check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor"), compression, context(), (t, out))
+            run(allreduce_kind, check_name(name), describe(t), address, check_op(op),
+                check_scale(prescale_factor, "prescale_factor"),
+                check_scale(postscale_factor, "postscale_factor"), compression, context(),
+                (t, out))
             return out
 
-        def allreduce_async_(array, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
+        def allreduce_async_(array, op=DEFAULT_op, name=DEFAULT_name,
+                             prescale_factor=DEFAULT_prescale_factor,
+                             postscale_factor=DEFAULT_postscale_factor,
+                             compression=DEFAULT_compression):
             if native is not None:
                 ctx = native_context()
-                r = native(2, name, array, op, prescale_factor, postscale_factor, compression, ctx.address)
+                r = native(2, name, array, op, prescale_factor, postscale_factor, compression,
+                           ctx.address)
                 if r is not None:
                     return Handle(ctx, r, array, lambda h: array, 'allreduce', name)
             t = inplace(array, 'allreduce')
             ctx = context()
-            return Handle(ctx, start(allreduce_kind, check_name(name), describe(t), None, check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor"), compression, ctx), t,
+            return Handle(ctx,
+                          start(allreduce_kind, check_name(name), describe(t), None, check_op(op),
+                                check_scale(prescale_factor, "prescale_factor"),
+                                check_scale(postscale_factor, "postscale_factor"), compression,
+                                ctx), t,
                           lambda h: array, 'allreduce', name)
 
-        def allreduce_(array, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
+        def allreduce_(array, op=DEFAULT_op, name=DEFAULT_name,
+                       prescale_factor=DEFAULT_prescale_factor,
+                       postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
             if native is not None:
                 ctx = native_context()
-                r = native(0, name, array, op, prescale_factor, postscale_factor, compression, ctx.address)
+                r = native(0, name, array, op, prescale_factor, postscale_factor, compression,
+                           ctx.address)
                 if r is not None:
                     if r.__class__ is tuple:
-                        return wait(Handle(ctx, r[0], r[1], lambda h, v=r[2]: v, 'allreduce', name))
+                        return wait(Handle(ctx, r[0], r[1], lambda h, v=r[2]: v, 'allreduce',
+                                           name))
                     return r
             t = inplace(array, 'allreduce')
-            run(allreduce_kind, check_name(name), describe(t), None, check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor"), compression, context(), t)
+            run(allreduce_kind, check_name(name), describe(t), None, check_op(op),
+                check_scale(prescale_factor, "prescale_factor"),
+                check_scale(postscale_factor, "postscale_factor"), compression, context(), t)
             return array
 
     else:
-        def allreduce_async(array, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
+        def allreduce_async(array, op=DEFAULT_op, name=DEFAULT_name,
+                            prescale_factor=DEFAULT_prescale_factor,
+                            postscale_factor=DEFAULT_postscale_factor,
+                            compression=DEFAULT_compression):
             t = input(array, 'allreduce')
             out, address = output_like(t)
-            return submit(allreduce_entry, (check_name(name), describe(t), address, check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor"), check_compression(compression)), (t, out),
+            return submit(allreduce_entry,
+                          (check_name(name), describe(t), address, check_op(op),
+                           check_scale(prescale_factor, "prescale_factor"),
+                           check_scale(postscale_factor, "postscale_factor"),
+                           check_compression(compression)), (t, out),
                           lambda h: out, 'allreduce', name)
 
-        def allreduce(array, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
+        def allreduce(array, op=DEFAULT_op, name=DEFAULT_name,
+                      prescale_factor=DEFAULT_prescale_factor,
+                      postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
             if allreduce_autograd is not None and differentiable(array, 'allreduce'):
-                return allreduce_autograd.apply(array, op, name, prescale_factor, postscale_factor, compression)
+                return allreduce_autograd.apply(array, op, name, prescale_factor, postscale_factor,
+                                                compression)
             t = input(array, 'allreduce')
             out, address = output_like(t)
-            return wait(submit(allreduce_entry, (check_name(name), describe(t), address, check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor"), check_compression(compression)), (t, out),
+            return wait(submit(allreduce_entry,
+                               (check_name(name), describe(t), address, check_op(op),
+                                check_scale(prescale_factor, "prescale_factor"),
+                                check_scale(postscale_factor, "postscale_factor"),
+                                check_compression(compression)), (t, out),
                           lambda h: out, 'allreduce', name))
 
-        def allreduce_async_(array, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
+        def allreduce_async_(array, op=DEFAULT_op, name=DEFAULT_name,
+                             prescale_factor=DEFAULT_prescale_factor,
+                             postscale_factor=DEFAULT_postscale_factor,
+                             compression=DEFAULT_compression):
             t = inplace(array, 'allreduce')
-            return submit(allreduce_entry, (check_name(name), describe(t), None, check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor"), check_compression(compression)), t, lambda h: array, 'allreduce',
+            return submit(allreduce_entry,
+                          (check_name(name), describe(t), None, check_op(op),
+                           check_scale(prescale_factor, "prescale_factor"),
+                           check_scale(postscale_factor, "postscale_factor"),
+                           check_compression(compression)), t, lambda h: array, 'allreduce',
                           name)
 
-        def allreduce_(array, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
+        def allreduce_(array, op=DEFAULT_op, name=DEFAULT_name,
+                       prescale_factor=DEFAULT_prescale_factor,
+                       postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
             t = inplace(array, 'allreduce')
-            return wait(submit(allreduce_entry, (check_name(name), describe(t), None, check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor"), check_compression(compression)), t, lambda h: array, 'allreduce',
+            return wait(submit(allreduce_entry,
+                               (check_name(name), describe(t), None, check_op(op),
+                                check_scale(prescale_factor, "prescale_factor"),
+                                check_scale(postscale_factor, "postscale_factor"),
+                                check_compression(compression)), t, lambda h: array, 'allreduce',
                           name))
 
 
     # ---- grouped_allreduce ----
     grouped_allreduce_entry = _capi.cfx_grouped_allreduce_async
     grouped_allreduce_autograd = autograd.get('grouped_allreduce')
-    def grouped_allreduce_async(arrays, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor):
+    def grouped_allreduce_async(arrays, op=DEFAULT_op, name=DEFAULT_name,
+                                prescale_factor=DEFAULT_prescale_factor,
+                                postscale_factor=DEFAULT_postscale_factor):
         ts = [input(x, 'grouped_allreduce') for x in arrays]
         made = [output_like(t) for t in ts]
         outs = [out for out, _ in made]
-        return submit(grouped_allreduce_entry, (check_name(name), [describe(t) for t in ts], [a for _, a in made], check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor")),
+        return submit(grouped_allreduce_entry,
+                      (check_name(name), [describe(t) for t in ts], [a for _, a in made],
+                       check_op(op), check_scale(prescale_factor, "prescale_factor"),
+                       check_scale(postscale_factor, "postscale_factor")),
                       (ts, outs), lambda h: list(outs), 'grouped_allreduce', name)
 
-    def grouped_allreduce(arrays, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor):
+    def grouped_allreduce(arrays, op=DEFAULT_op, name=DEFAULT_name,
+                          prescale_factor=DEFAULT_prescale_factor,
+                          postscale_factor=DEFAULT_postscale_factor):
         if grouped_allreduce_autograd is not None and differentiable(arrays, 'grouped_allreduce'):
-            return grouped_allreduce_autograd.apply(arrays, op, name, prescale_factor, postscale_factor)
+            return grouped_allreduce_autograd.apply(arrays, op, name, prescale_factor,
+                                                    postscale_factor)
         ts = [input(x, 'grouped_allreduce') for x in arrays]
         made = [output_like(t) for t in ts]
         outs = [out for out, _ in made]
-        return wait(submit(grouped_allreduce_entry, (check_name(name), [describe(t) for t in ts], [a for _, a in made], check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor")),
+        return wait(submit(grouped_allreduce_entry,
+                           (check_name(name), [describe(t) for t in ts], [a for _, a in made],
+                            check_op(op), check_scale(prescale_factor, "prescale_factor"),
+                            check_scale(postscale_factor, "postscale_factor")),
                       (ts, outs), lambda h: list(outs), 'grouped_allreduce', name))
 
-    def grouped_allreduce_async_(arrays, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor):
+    def grouped_allreduce_async_(arrays, op=DEFAULT_op, name=DEFAULT_name,
+                                 prescale_factor=DEFAULT_prescale_factor,
+                                 postscale_factor=DEFAULT_postscale_factor):
         xs = list(arrays)
         ts = [inplace(x, 'grouped_allreduce') for x in xs]
-        return submit(grouped_allreduce_entry, (check_name(name), [describe(t) for t in ts], None, check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor")), ts,
+        return submit(grouped_allreduce_entry,
+                      (check_name(name), [describe(t) for t in ts], None, check_op(op),
+                       check_scale(prescale_factor, "prescale_factor"),
+                       check_scale(postscale_factor, "postscale_factor")), ts,
                       lambda h: list(xs), 'grouped_allreduce', name)
 
-    def grouped_allreduce_(arrays, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor):
+    def grouped_allreduce_(arrays, op=DEFAULT_op, name=DEFAULT_name,
+                           prescale_factor=DEFAULT_prescale_factor,
+                           postscale_factor=DEFAULT_postscale_factor):
         xs = list(arrays)
         ts = [inplace(x, 'grouped_allreduce') for x in xs]
-        return wait(submit(grouped_allreduce_entry, (check_name(name), [describe(t) for t in ts], None, check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor")), ts,
+        return wait(submit(grouped_allreduce_entry,
+                           (check_name(name), [describe(t) for t in ts], None, check_op(op),
+                            check_scale(prescale_factor, "prescale_factor"),
+                            check_scale(postscale_factor, "postscale_factor")), ts,
                       lambda h: list(xs), 'grouped_allreduce', name))
 
 
@@ -156,7 +233,8 @@ def array_collectives(adapter, submit=_core.submit):
         t = input(array, 'allgather')
         if ndim(t) == 0:
             raise ValueError('allgather' + " needs at least one dimension (got a scalar)")
-        return submit(allgather_entry, (check_name(name), describe(t)), t, lambda h: output(h, 0, t),
+        return submit(allgather_entry, (check_name(name), describe(t)), t,
+                      lambda h: output(h, 0, t),
                       'allgather', name)
 
     def allgather(array, name=DEFAULT_name):
@@ -165,7 +243,8 @@ def array_collectives(adapter, submit=_core.submit):
         t = input(array, 'allgather')
         if ndim(t) == 0:
             raise ValueError('allgather' + " needs at least one dimension (got a scalar)")
-        return wait(submit(allgather_entry, (check_name(name), describe(t)), t, lambda h: output(h, 0, t),
+        return wait(submit(allgather_entry, (check_name(name), describe(t)), t,
+                           lambda h: output(h, 0, t),
                       'allgather', name))
 
 
@@ -175,14 +254,17 @@ def array_collectives(adapter, submit=_core.submit):
     def grouped_allgather_async(arrays, name=DEFAULT_name):
         ts = [input(x, 'grouped_allgather') for x in arrays]
         return submit(grouped_allgather_entry, (check_name(name), [describe(t) for t in ts]), ts,
-                      lambda h: [output(h, i, t) for i, t in enumerate(ts)], 'grouped_allgather', name)
+                      lambda h: [output(h, i, t) for i,
+                                 t in enumerate(ts)], 'grouped_allgather', name)
 
     def grouped_allgather(arrays, name=DEFAULT_name):
         if grouped_allgather_autograd is not None and differentiable(arrays, 'grouped_allgather'):
             return grouped_allgather_autograd.apply(arrays, name)
         ts = [input(x, 'grouped_allgather') for x in arrays]
-        return wait(submit(grouped_allgather_entry, (check_name(name), [describe(t) for t in ts]), ts,
-                      lambda h: [output(h, i, t) for i, t in enumerate(ts)], 'grouped_allgather', name))
+        return wait(submit(grouped_allgather_entry, (check_name(name), [describe(t) for t in ts]),
+                           ts,
+                      lambda h: [output(h, i, t) for i,
+                                 t in enumerate(ts)], 'grouped_allgather', name))
 
 
     # ---- broadcast ----
@@ -197,18 +279,22 @@ def array_collectives(adapter, submit=_core.submit):
             if broadcast_autograd is not None and differentiable(array, 'broadcast'):
                 return broadcast_autograd.apply(array, root_rank, name)
             t = copy(array, 'broadcast')
-            run(broadcast_kind, check_name(name), describe(inplace(t, 'broadcast')), None, check_root(root_rank), 0.0, 0.0, 0, context(), t)
+            run(broadcast_kind, check_name(name), describe(inplace(t, 'broadcast')), None,
+                check_root(root_rank), 0.0, 0.0, 0, context(), t)
             return t
 
         def broadcast_async_(array, root_rank, name=DEFAULT_name):
             t = inplace(array, 'broadcast')
             ctx = context()
-            return Handle(ctx, start(broadcast_kind, check_name(name), describe(t), None, check_root(root_rank), 0.0, 0.0, 0, ctx), t,
+            return Handle(ctx,
+                          start(broadcast_kind, check_name(name), describe(t), None,
+                                check_root(root_rank), 0.0, 0.0, 0, ctx), t,
                           lambda h: array, 'broadcast', name)
 
         def broadcast_(array, root_rank, name=DEFAULT_name):
             t = inplace(array, 'broadcast')
-            run(broadcast_kind, check_name(name), describe(t), None, check_root(root_rank), 0.0, 0.0, 0, context(), t)
+            run(broadcast_kind, check_name(name), describe(t), None, check_root(root_rank), 0.0,
+                0.0, 0, context(), t)
             return array
 
     else:
@@ -222,12 +308,15 @@ def array_collectives(adapter, submit=_core.submit):
 
         def broadcast_async_(array, root_rank, name=DEFAULT_name):
             t = inplace(array, 'broadcast')
-            return submit(broadcast_entry, (check_name(name), describe(t), check_root(root_rank)), t, lambda h: array, 'broadcast',
+            return submit(broadcast_entry, (check_name(name), describe(t), check_root(root_rank)),
+                          t, lambda h: array, 'broadcast',
                           name)
 
         def broadcast_(array, root_rank, name=DEFAULT_name):
             t = inplace(array, 'broadcast')
-            return wait(submit(broadcast_entry, (check_name(name), describe(t), check_root(root_rank)), t, lambda h: array, 'broadcast',
+            return wait(submit(broadcast_entry,
+                               (check_name(name), describe(t), check_root(root_rank)), t,
+                               lambda h: array, 'broadcast',
                           name))
 
 
@@ -247,47 +336,86 @@ def array_collectives(adapter, submit=_core.submit):
         t = input(array, 'alltoall')
         if ndim(t) == 0:
             raise ValueError('alltoall' + " needs at least one dimension (got a scalar)")
-        return wait(submit(alltoall_entry, (check_name(name), describe(t), check_splits(splits)), t,
+        return wait(submit(alltoall_entry, (check_name(name), describe(t), check_splits(splits)),
+                           t,
                       lambda h: (output(h, 0, t), as_splits(h.splits(0))), 'alltoall', name))
 
 
     # ---- reducescatter ----
     reducescatter_entry = _capi.cfx_reducescatter_async
     reducescatter_autograd = autograd.get('reducescatter')
-    def reducescatter_async(array, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor):
+    def reducescatter_async(array, op=DEFAULT_op, name=DEFAULT_name,
+                            prescale_factor=DEFAULT_prescale_factor,
+                            postscale_factor=DEFAULT_postscale_factor):
         t = input(array, 'reducescatter')
         if ndim(t) == 0:
             raise ValueError('reducescatter' + " needs at least one dimension (got a scalar)")
-        return submit(reducescatter_entry, (check_name(name), describe(t), check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor")), t, lambda h: output(h, 0, t),
+        return submit(reducescatter_entry,
+                      (check_name(name), describe(t), check_op(op),
+                       check_scale(prescale_factor, "prescale_factor"),
+                       check_scale(postscale_factor, "postscale_factor")), t,
+                      lambda h: output(h, 0, t),
                       'reducescatter', name)
 
-    def reducescatter(array, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor):
+    def reducescatter(array, op=DEFAULT_op, name=DEFAULT_name,
+                      prescale_factor=DEFAULT_prescale_factor,
+                      postscale_factor=DEFAULT_postscale_factor):
         if reducescatter_autograd is not None and differentiable(array, 'reducescatter'):
             return reducescatter_autograd.apply(array, op, name, prescale_factor, postscale_factor)
         t = input(array, 'reducescatter')
         if ndim(t) == 0:
             raise ValueError('reducescatter' + " needs at least one dimension (got a scalar)")
-        return wait(submit(reducescatter_entry, (check_name(name), describe(t), check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor")), t, lambda h: output(h, 0, t),
+        return wait(submit(reducescatter_entry,
+                           (check_name(name), describe(t), check_op(op),
+                            check_scale(prescale_factor, "prescale_factor"),
+                            check_scale(postscale_factor, "postscale_factor")), t,
+                           lambda h: output(h, 0, t),
                       'reducescatter', name))
 
 
     # ---- grouped_reducescatter ----
     grouped_reducescatter_entry = _capi.cfx_grouped_reducescatter_async
     grouped_reducescatter_autograd = autograd.get('grouped_reducescatter')
-    def grouped_reducescatter_async(arrays, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor):
+    def grouped_reducescatter_async(arrays, op=DEFAULT_op, name=DEFAULT_name,
+                                    prescale_factor=DEFAULT_prescale_factor,
+                                    postscale_factor=DEFAULT_postscale_factor):
         ts = [input(x, 'grouped_reducescatter') for x in arrays]
-        return submit(grouped_reducescatter_entry, (check_name(name), [describe(t) for t in ts], check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor")), ts,
-                      lambda h: [output(h, i, t) for i, t in enumerate(ts)], 'grouped_reducescatter', name)
+        return submit(grouped_reducescatter_entry,
+                      (check_name(name), [describe(t) for t in ts], check_op(op),
+                       check_scale(prescale_factor, "prescale_factor"),
+                       check_scale(postscale_factor, "postscale_factor")), ts,
+                      lambda h: [output(h, i, t) for i,
+                                 t in enumerate(ts)], 'grouped_reducescatter', name)
 
-    def grouped_reducescatter(arrays, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor):
-        if grouped_reducescatter_autograd is not None and differentiable(arrays, 'grouped_reducescatter'):
-            return grouped_reducescatter_autograd.apply(arrays, op, name, prescale_factor, postscale_factor)
+    def grouped_reducescatter(arrays, op=DEFAULT_op, name=DEFAULT_name,
+                              prescale_factor=DEFAULT_prescale_factor,
+                              postscale_factor=DEFAULT_postscale_factor):
+        if grouped_reducescatter_autograd is not None and differentiable(arrays,
+                                                                         'grouped_reducescatter'):
+            return grouped_reducescatter_autograd.apply(arrays, op, name, prescale_factor,
+                                                        postscale_factor)
         ts = [input(x, 'grouped_reducescatter') for x in arrays]
-        return wait(submit(grouped_reducescatter_entry, (check_name(name), [describe(t) for t in ts], check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor")), ts,
-                      lambda h: [output(h, i, t) for i, t in enumerate(ts)], 'grouped_reducescatter', name))
+        return wait(submit(grouped_reducescatter_entry,
+                           (check_name(name), [describe(t) for t in ts], check_op(op),
+                            check_scale(prescale_factor, "prescale_factor"),
+                            check_scale(postscale_factor, "postscale_factor")), ts,
+                      lambda h: [output(h, i, t) for i,
+                                 t in enumerate(ts)], 'grouped_reducescatter', name))
 
 
-    return {"allreduce_async": allreduce_async, "allreduce": allreduce, "allreduce_async_": allreduce_async_, "allreduce_": allreduce_, "grouped_allreduce_async": grouped_allreduce_async, "grouped_allreduce": grouped_allreduce, "grouped_allreduce_async_": grouped_allreduce_async_, "grouped_allreduce_": grouped_allreduce_, "allgather_async": allgather_async, "allgather": allgather, "grouped_allgather_async": grouped_allgather_async, "grouped_allgather": grouped_allgather, "broadcast_async": broadcast_async, "broadcast": broadcast, "broadcast_async_": broadcast_async_, "broadcast_": broadcast_, "alltoall_async": alltoall_async, "alltoall": alltoall, "reducescatter_async": reducescatter_async, "reducescatter": reducescatter, "grouped_reducescatter_async": grouped_reducescatter_async, "grouped_reducescatter": grouped_reducescatter}
+    return {"allreduce_async": allreduce_async, "allreduce": allreduce,
+            "allreduce_async_": allreduce_async_, "allreduce_": allreduce_,
+            "grouped_allreduce_async": grouped_allreduce_async,
+            "grouped_allreduce": grouped_allreduce,
+            "grouped_allreduce_async_": grouped_allreduce_async_,
+            "grouped_allreduce_": grouped_allreduce_, "allgather_async": allgather_async,
+            "allgather": allgather, "grouped_allgather_async": grouped_allgather_async,
+            "grouped_allgather": grouped_allgather, "broadcast_async": broadcast_async,
+            "broadcast": broadcast, "broadcast_async_": broadcast_async_, "broadcast_": broadcast_,
+            "alltoall_async": alltoall_async, "alltoall": alltoall,
+            "reducescatter_async": reducescatter_async, "reducescatter": reducescatter,
+            "grouped_reducescatter_async": grouped_reducescatter_async,
+            "grouped_reducescatter": grouped_reducescatter}
 
 
 def tensor_collectives(adapter, submit=_core.submit):
@@ -305,106 +433,183 @@ def tensor_collectives(adapter, submit=_core.submit):
     allreduce_autograd = autograd.get('allreduce')
     allreduce_kind = _capi._capi_native.CFX_PY_ALLREDUCE
     if fast:
-        def allreduce_async(tensor, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
+        def allreduce_async(tensor, op=DEFAULT_op, name=DEFAULT_name,
+                            prescale_factor=DEFAULT_prescale_factor,
+                            postscale_factor=DEFAULT_postscale_factor,
+                            compression=DEFAULT_compression):
             t = input(tensor, 'allreduce')
             out, address = output_like(t)
             ctx = context()
-            return Handle(ctx, start(allreduce_kind, check_name(name), describe(t), address, check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor"), compression, ctx), (t, out),
+            return Handle(ctx,
+                          start(allreduce_kind, check_name(name), describe(t), address,
+                                check_op(op), check_scale(prescale_factor, "prescale_factor"),
+                                check_scale(postscale_factor, "postscale_factor"), compression,
+                                ctx), (t, out),
                           lambda h: out, 'allreduce', name)
 
-        def allreduce(tensor, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
+        def allreduce(tensor, op=DEFAULT_op, name=DEFAULT_name,
+                      prescale_factor=DEFAULT_prescale_factor,
+                      postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
             if native is not None:
                 ctx = native_context()
-                r = native(1, name, tensor, op, prescale_factor, postscale_factor, compression, ctx.address)
+                r = native(1, name, tensor, op, prescale_factor, postscale_factor, compression,
+                           ctx.address)
                 if r is not None:
                     if r.__class__ is tuple:
-                        return wait(Handle(ctx, r[0], r[1], lambda h, v=r[2]: v, 'allreduce', name))
+                        return wait(Handle(ctx, r[0], r[1], lambda h, v=r[2]: v, 'allreduce',
+                                           name))
                     return r
             if allreduce_autograd is not None and differentiable(tensor, 'allreduce'):
-                return allreduce_autograd.apply(tensor, op, name, prescale_factor, postscale_factor, compression)
+                return allreduce_autograd.apply(tensor, op, name, prescale_factor, postscale_factor,
+                                                compression)
             t = input(tensor, 'allreduce')
             out, address = output_like(t)
-            run(allreduce_kind, check_name(name), describe(t), address, check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor"), compression, context(), (t, out))
+            run(allreduce_kind, check_name(name), describe(t), address, check_op(op),
+                check_scale(prescale_factor, "prescale_factor"),
+                check_scale(postscale_factor, "postscale_factor"), compression, context(),
+                (t, out))
             return out
 
-        def allreduce_async_(tensor, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
+        def allreduce_async_(tensor, op=DEFAULT_op, name=DEFAULT_name,
+                             prescale_factor=DEFAULT_prescale_factor,
+                             postscale_factor=DEFAULT_postscale_factor,
+                             compression=DEFAULT_compression):
             if native is not None:
                 ctx = native_context()
-                r = native(2, name, tensor, op, prescale_factor, postscale_factor, compression, ctx.address)
+                r = native(2, name, tensor, op, prescale_factor, postscale_factor, compression,
+                           ctx.address)
                 if r is not None:
                     return Handle(ctx, r, tensor, lambda h: tensor, 'allreduce', name)
             t = inplace(tensor, 'allreduce')
             ctx = context()
-            return Handle(ctx, start(allreduce_kind, check_name(name), describe(t), None, check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor"), compression, ctx), t,
+            return Handle(ctx,
+                          start(allreduce_kind, check_name(name), describe(t), None, check_op(op),
+                                check_scale(prescale_factor, "prescale_factor"),
+                                check_scale(postscale_factor, "postscale_factor"), compression,
+                                ctx), t,
                           lambda h: tensor, 'allreduce', name)
 
-        def allreduce_(tensor, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
+        def allreduce_(tensor, op=DEFAULT_op, name=DEFAULT_name,
+                       prescale_factor=DEFAULT_prescale_factor,
+                       postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
             if native is not None:
                 ctx = native_context()
-                r = native(0, name, tensor, op, prescale_factor, postscale_factor, compression, ctx.address)
+                r = native(0, name, tensor, op, prescale_factor, postscale_factor, compression,
+                           ctx.address)
                 if r is not None:
                     if r.__class__ is tuple:
-                        return wait(Handle(ctx, r[0], r[1], lambda h, v=r[2]: v, 'allreduce', name))
+                        return wait(Handle(ctx, r[0], r[1], lambda h, v=r[2]: v, 'allreduce',
+                                           name))
                     return r
             t = inplace(tensor, 'allreduce')
-            run(allreduce_kind, check_name(name), describe(t), None, check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor"), compression, context(), t)
+            run(allreduce_kind, check_name(name), describe(t), None, check_op(op),
+                check_scale(prescale_factor, "prescale_factor"),
+                check_scale(postscale_factor, "postscale_factor"), compression, context(), t)
             return tensor
 
     else:
-        def allreduce_async(tensor, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
+        def allreduce_async(tensor, op=DEFAULT_op, name=DEFAULT_name,
+                            prescale_factor=DEFAULT_prescale_factor,
+                            postscale_factor=DEFAULT_postscale_factor,
+                            compression=DEFAULT_compression):
             t = input(tensor, 'allreduce')
             out, address = output_like(t)
-            return submit(allreduce_entry, (check_name(name), describe(t), address, check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor"), check_compression(compression)), (t, out),
+            return submit(allreduce_entry,
+                          (check_name(name), describe(t), address, check_op(op),
+                           check_scale(prescale_factor, "prescale_factor"),
+                           check_scale(postscale_factor, "postscale_factor"),
+                           check_compression(compression)), (t, out),
                           lambda h: out, 'allreduce', name)
 
-        def allreduce(tensor, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
+        def allreduce(tensor, op=DEFAULT_op, name=DEFAULT_name,
+                      prescale_factor=DEFAULT_prescale_factor,
+                      postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
             if allreduce_autograd is not None and differentiable(tensor, 'allreduce'):
-                return allreduce_autograd.apply(tensor, op, name, prescale_factor, postscale_factor, compression)
+                return allreduce_autograd.apply(tensor, op, name, prescale_factor, postscale_factor,
+                                                compression)
             t = input(tensor, 'allreduce')
             out, address = output_like(t)
-            return wait(submit(allreduce_entry, (check_name(name), describe(t), address, check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor"), check_compression(compression)), (t, out),
+            return wait(submit(allreduce_entry,
+                               (check_name(name), describe(t), address, check_op(op),
+                                check_scale(prescale_factor, "prescale_factor"),
+                                check_scale(postscale_factor, "postscale_factor"),
+                                check_compression(compression)), (t, out),
                           lambda h: out, 'allreduce', name))
 
-        def allreduce_async_(tensor, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
+        def allreduce_async_(tensor, op=DEFAULT_op, name=DEFAULT_name,
+                             prescale_factor=DEFAULT_prescale_factor,
+                             postscale_factor=DEFAULT_postscale_factor,
+                             compression=DEFAULT_compression):
             t = inplace(tensor, 'allreduce')
-            return submit(allreduce_entry, (check_name(name), describe(t), None, check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor"), check_compression(compression)), t, lambda h: tensor, 'allreduce',
+            return submit(allreduce_entry,
+                          (check_name(name), describe(t), None, check_op(op),
+                           check_scale(prescale_factor, "prescale_factor"),
+                           check_scale(postscale_factor, "postscale_factor"),
+                           check_compression(compression)), t, lambda h: tensor, 'allreduce',
                           name)
 
-        def allreduce_(tensor, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
+        def allreduce_(tensor, op=DEFAULT_op, name=DEFAULT_name,
+                       prescale_factor=DEFAULT_prescale_factor,
+                       postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
             t = inplace(tensor, 'allreduce')
-            return wait(submit(allreduce_entry, (check_name(name), describe(t), None, check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor"), check_compression(compression)), t, lambda h: tensor, 'allreduce',
+            return wait(submit(allreduce_entry,
+                               (check_name(name), describe(t), None, check_op(op),
+                                check_scale(prescale_factor, "prescale_factor"),
+                                check_scale(postscale_factor, "postscale_factor"),
+                                check_compression(compression)), t, lambda h: tensor, 'allreduce',
                           name))
 
 
     # ---- grouped_allreduce ----
     grouped_allreduce_entry = _capi.cfx_grouped_allreduce_async
     grouped_allreduce_autograd = autograd.get('grouped_allreduce')
-    def grouped_allreduce_async(tensors, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor):
+    def grouped_allreduce_async(tensors, op=DEFAULT_op, name=DEFAULT_name,
+                                prescale_factor=DEFAULT_prescale_factor,
+                                postscale_factor=DEFAULT_postscale_factor):
         ts = [input(x, 'grouped_allreduce') for x in tensors]
         made = [output_like(t) for t in ts]
         outs = [out for out, _ in made]
-        return submit(grouped_allreduce_entry, (check_name(name), [describe(t) for t in ts], [a for _, a in made], check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor")),
+        return submit(grouped_allreduce_entry,
+                      (check_name(name), [describe(t) for t in ts], [a for _, a in made],
+                       check_op(op), check_scale(prescale_factor, "prescale_factor"),
+                       check_scale(postscale_factor, "postscale_factor")),
                       (ts, outs), lambda h: list(outs), 'grouped_allreduce', name)
 
-    def grouped_allreduce(tensors, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor):
+    def grouped_allreduce(tensors, op=DEFAULT_op, name=DEFAULT_name,
+                          prescale_factor=DEFAULT_prescale_factor,
+                          postscale_factor=DEFAULT_postscale_factor):
         if grouped_allreduce_autograd is not None and differentiable(tensors, 'grouped_allreduce'):
-            return grouped_allreduce_autograd.apply(tensors, op, name, prescale_factor, postscale_factor)
+            return grouped_allreduce_autograd.apply(tensors, op, name, prescale_factor,
+                                                    postscale_factor)
         ts = [input(x, 'grouped_allreduce') for x in tensors]
         made = [output_like(t) for t in ts]
         outs = [out for out, _ in made]
-        return wait(submit(grouped_allreduce_entry, (check_name(name), [describe(t) for t in ts], [a for _, a in made], check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor")),
+        return wait(submit(grouped_allreduce_entry,
+                           (check_name(name), [describe(t) for t in ts], [a for _, a in made],
+                            check_op(op), check_scale(prescale_factor, "prescale_factor"),
+                            check_scale(postscale_factor, "postscale_factor")),
                       (ts, outs), lambda h: list(outs), 'grouped_allreduce', name))
 
-    def grouped_allreduce_async_(tensors, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor):
+    def grouped_allreduce_async_(tensors, op=DEFAULT_op, name=DEFAULT_name,
+                                 prescale_factor=DEFAULT_prescale_factor,
+                                 postscale_factor=DEFAULT_postscale_factor):
         xs = list(tensors)
         ts = [inplace(x, 'grouped_allreduce') for x in xs]
-        return submit(grouped_allreduce_entry, (check_name(name), [describe(t) for t in ts], None, check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor")), ts,
+        return submit(grouped_allreduce_entry,
+                      (check_name(name), [describe(t) for t in ts], None, check_op(op),
+                       check_scale(prescale_factor, "prescale_factor"),
+                       check_scale(postscale_factor, "postscale_factor")), ts,
                       lambda h: list(xs), 'grouped_allreduce', name)
 
-    def grouped_allreduce_(tensors, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor):
+    def grouped_allreduce_(tensors, op=DEFAULT_op, name=DEFAULT_name,
+                           prescale_factor=DEFAULT_prescale_factor,
+                           postscale_factor=DEFAULT_postscale_factor):
         xs = list(tensors)
         ts = [inplace(x, 'grouped_allreduce') for x in xs]
-        return wait(submit(grouped_allreduce_entry, (check_name(name), [describe(t) for t in ts], None, check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor")), ts,
+        return wait(submit(grouped_allreduce_entry,
+                           (check_name(name), [describe(t) for t in ts], None, check_op(op),
+                            check_scale(prescale_factor, "prescale_factor"),
+                            check_scale(postscale_factor, "postscale_factor")), ts,
                       lambda h: list(xs), 'grouped_allreduce', name))
 
 
@@ -415,7 +620,8 @@ def tensor_collectives(adapter, submit=_core.submit):
         t = input(tensor, 'allgather')
         if ndim(t) == 0:
             raise ValueError('allgather' + " needs at least one dimension (got a scalar)")
-        return submit(allgather_entry, (check_name(name), describe(t)), t, lambda h: output(h, 0, t),
+        return submit(allgather_entry, (check_name(name), describe(t)), t,
+                      lambda h: output(h, 0, t),
                       'allgather', name)
 
     def allgather(tensor, name=DEFAULT_name):
@@ -424,7 +630,8 @@ def tensor_collectives(adapter, submit=_core.submit):
         t = input(tensor, 'allgather')
         if ndim(t) == 0:
             raise ValueError('allgather' + " needs at least one dimension (got a scalar)")
-        return wait(submit(allgather_entry, (check_name(name), describe(t)), t, lambda h: output(h, 0, t),
+        return wait(submit(allgather_entry, (check_name(name), describe(t)), t,
+                           lambda h: output(h, 0, t),
                       'allgather', name))
 
 
@@ -434,14 +641,17 @@ def tensor_collectives(adapter, submit=_core.submit):
     def grouped_allgather_async(tensors, name=DEFAULT_name):
         ts = [input(x, 'grouped_allgather') for x in tensors]
         return submit(grouped_allgather_entry, (check_name(name), [describe(t) for t in ts]), ts,
-                      lambda h: [output(h, i, t) for i, t in enumerate(ts)], 'grouped_allgather', name)
+                      lambda h: [output(h, i, t) for i,
+                                 t in enumerate(ts)], 'grouped_allgather', name)
 
     def grouped_allgather(tensors, name=DEFAULT_name):
         if grouped_allgather_autograd is not None and differentiable(tensors, 'grouped_allgather'):
             return grouped_allgather_autograd.apply(tensors, name)
         ts = [input(x, 'grouped_allgather') for x in tensors]
-        return wait(submit(grouped_allgather_entry, (check_name(name), [describe(t) for t in ts]), ts,
-                      lambda h: [output(h, i, t) for i, t in enumerate(ts)], 'grouped_allgather', name))
+        return wait(submit(grouped_allgather_entry, (check_name(name), [describe(t) for t in ts]),
+                           ts,
+                      lambda h: [output(h, i, t) for i,
+                                 t in enumerate(ts)], 'grouped_allgather', name))
 
 
     # ---- broadcast ----
@@ -456,18 +666,22 @@ def tensor_collectives(adapter, submit=_core.submit):
             if broadcast_autograd is not None and differentiable(tensor, 'broadcast'):
                 return broadcast_autograd.apply(tensor, root_rank, name)
             t = copy(tensor, 'broadcast')
-            run(broadcast_kind, check_name(name), describe(inplace(t, 'broadcast')), None, check_root(root_rank), 0.0, 0.0, 0, context(), t)
+            run(broadcast_kind, check_name(name), describe(inplace(t, 'broadcast')), None,
+                check_root(root_rank), 0.0, 0.0, 0, context(), t)
             return t
 
         def broadcast_async_(tensor, root_rank, name=DEFAULT_name):
             t = inplace(tensor, 'broadcast')
             ctx = context()
-            return Handle(ctx, start(broadcast_kind, check_name(name), describe(t), None, check_root(root_rank), 0.0, 0.0, 0, ctx), t,
+            return Handle(ctx,
+                          start(broadcast_kind, check_name(name), describe(t), None,
+                                check_root(root_rank), 0.0, 0.0, 0, ctx), t,
                           lambda h: tensor, 'broadcast', name)
 
         def broadcast_(tensor, root_rank, name=DEFAULT_name):
             t = inplace(tensor, 'broadcast')
-            run(broadcast_kind, check_name(name), describe(t), None, check_root(root_rank), 0.0, 0.0, 0, context(), t)
+            run(broadcast_kind, check_name(name), describe(t), None, check_root(root_rank), 0.0,
+                0.0, 0, context(), t)
             return tensor
 
     else:
@@ -481,12 +695,15 @@ def tensor_collectives(adapter, submit=_core.submit):
 
         def broadcast_async_(tensor, root_rank, name=DEFAULT_name):
             t = inplace(tensor, 'broadcast')
-            return submit(broadcast_entry, (check_name(name), describe(t), check_root(root_rank)), t, lambda h: tensor, 'broadcast',
+            return submit(broadcast_entry, (check_name(name), describe(t), check_root(root_rank)),
+                          t, lambda h: tensor, 'broadcast',
                           name)
 
         def broadcast_(tensor, root_rank, name=DEFAULT_name):
             t = inplace(tensor, 'broadcast')
-            return wait(submit(broadcast_entry, (check_name(name), describe(t), check_root(root_rank)), t, lambda h: tensor, 'broadcast',
+            return wait(submit(broadcast_entry,
+                               (check_name(name), describe(t), check_root(root_rank)), t,
+                               lambda h: tensor, 'broadcast',
                           name))
 
 
@@ -506,44 +723,84 @@ def tensor_collectives(adapter, submit=_core.submit):
         t = input(tensor, 'alltoall')
         if ndim(t) == 0:
             raise ValueError('alltoall' + " needs at least one dimension (got a scalar)")
-        return wait(submit(alltoall_entry, (check_name(name), describe(t), check_splits(splits)), t,
+        return wait(submit(alltoall_entry, (check_name(name), describe(t), check_splits(splits)),
+                           t,
                       lambda h: (output(h, 0, t), as_splits(h.splits(0))), 'alltoall', name))
 
 
     # ---- reducescatter ----
     reducescatter_entry = _capi.cfx_reducescatter_async
     reducescatter_autograd = autograd.get('reducescatter')
-    def reducescatter_async(tensor, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor):
+    def reducescatter_async(tensor, op=DEFAULT_op, name=DEFAULT_name,
+                            prescale_factor=DEFAULT_prescale_factor,
+                            postscale_factor=DEFAULT_postscale_factor):
         t = input(tensor, 'reducescatter')
         if ndim(t) == 0:
             raise ValueError('reducescatter' + " needs at least one dimension (got a scalar)")
-        return submit(reducescatter_entry, (check_name(name), describe(t), check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor")), t, lambda h: output(h, 0, t),
+        return submit(reducescatter_entry,
+                      (check_name(name), describe(t), check_op(op),
+                       check_scale(prescale_factor, "prescale_factor"),
+                       check_scale(postscale_factor, "postscale_factor")), t,
+                      lambda h: output(h, 0, t),
                       'reducescatter', name)
 
-    def reducescatter(tensor, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor):
+    def reducescatter(tensor, op=DEFAULT_op, name=DEFAULT_name,
+                      prescale_factor=DEFAULT_prescale_factor,
+                      postscale_factor=DEFAULT_postscale_factor):
         if reducescatter_autograd is not None and differentiable(tensor, 'reducescatter'):
-            return reducescatter_autograd.apply(tensor, op, name, prescale_factor, postscale_factor)
+            return reducescatter_autograd.apply(tensor, op, name, prescale_factor,
+                                                postscale_factor)
         t = input(tensor, 'reducescatter')
         if ndim(t) == 0:
             raise ValueError('reducescatter' + " needs at least one dimension (got a scalar)")
-        return wait(submit(reducescatter_entry, (check_name(name), describe(t), check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor")), t, lambda h: output(h, 0, t),
+        return wait(submit(reducescatter_entry,
+                           (check_name(name), describe(t), check_op(op),
+                            check_scale(prescale_factor, "prescale_factor"),
+                            check_scale(postscale_factor, "postscale_factor")), t,
+                           lambda h: output(h, 0, t),
                       'reducescatter', name))
 
 
     # ---- grouped_reducescatter ----
     grouped_reducescatter_entry = _capi.cfx_grouped_reducescatter_async
     grouped_reducescatter_autograd = autograd.get('grouped_reducescatter')
-    def grouped_reducescatter_async(tensors, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor):
+    def grouped_reducescatter_async(tensors, op=DEFAULT_op, name=DEFAULT_name,
+                                    prescale_factor=DEFAULT_prescale_factor,
+                                    postscale_factor=DEFAULT_postscale_factor):
         ts = [input(x, 'grouped_reducescatter') for x in tensors]
-        return submit(grouped_reducescatter_entry, (check_name(name), [describe(t) for t in ts], check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor")), ts,
-                      lambda h: [output(h, i, t) for i, t in enumerate(ts)], 'grouped_reducescatter', name)
+        return submit(grouped_reducescatter_entry,
+                      (check_name(name), [describe(t) for t in ts], check_op(op),
+                       check_scale(prescale_factor, "prescale_factor"),
+                       check_scale(postscale_factor, "postscale_factor")), ts,
+                      lambda h: [output(h, i, t) for i,
+                                 t in enumerate(ts)], 'grouped_reducescatter', name)
 
-    def grouped_reducescatter(tensors, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor, postscale_factor=DEFAULT_postscale_factor):
-        if grouped_reducescatter_autograd is not None and differentiable(tensors, 'grouped_reducescatter'):
-            return grouped_reducescatter_autograd.apply(tensors, op, name, prescale_factor, postscale_factor)
+    def grouped_reducescatter(tensors, op=DEFAULT_op, name=DEFAULT_name,
+                              prescale_factor=DEFAULT_prescale_factor,
+                              postscale_factor=DEFAULT_postscale_factor):
+        if grouped_reducescatter_autograd is not None and differentiable(tensors,
+                                                                         'grouped_reducescatter'):
+            return grouped_reducescatter_autograd.apply(tensors, op, name, prescale_factor,
+                                                        postscale_factor)
         ts = [input(x, 'grouped_reducescatter') for x in tensors]
-        return wait(submit(grouped_reducescatter_entry, (check_name(name), [describe(t) for t in ts], check_op(op), check_scale(prescale_factor, "prescale_factor"), check_scale(postscale_factor, "postscale_factor")), ts,
-                      lambda h: [output(h, i, t) for i, t in enumerate(ts)], 'grouped_reducescatter', name))
+        return wait(submit(grouped_reducescatter_entry,
+                           (check_name(name), [describe(t) for t in ts], check_op(op),
+                            check_scale(prescale_factor, "prescale_factor"),
+                            check_scale(postscale_factor, "postscale_factor")), ts,
+                      lambda h: [output(h, i, t) for i,
+                                 t in enumerate(ts)], 'grouped_reducescatter', name))
 
 
-    return {"allreduce_async": allreduce_async, "allreduce": allreduce, "allreduce_async_": allreduce_async_, "allreduce_": allreduce_, "grouped_allreduce_async": grouped_allreduce_async, "grouped_allreduce": grouped_allreduce, "grouped_allreduce_async_": grouped_allreduce_async_, "grouped_allreduce_": grouped_allreduce_, "allgather_async": allgather_async, "allgather": allgather, "grouped_allgather_async": grouped_allgather_async, "grouped_allgather": grouped_allgather, "broadcast_async": broadcast_async, "broadcast": broadcast, "broadcast_async_": broadcast_async_, "broadcast_": broadcast_, "alltoall_async": alltoall_async, "alltoall": alltoall, "reducescatter_async": reducescatter_async, "reducescatter": reducescatter, "grouped_reducescatter_async": grouped_reducescatter_async, "grouped_reducescatter": grouped_reducescatter}
+    return {"allreduce_async": allreduce_async, "allreduce": allreduce,
+            "allreduce_async_": allreduce_async_, "allreduce_": allreduce_,
+            "grouped_allreduce_async": grouped_allreduce_async,
+            "grouped_allreduce": grouped_allreduce,
+            "grouped_allreduce_async_": grouped_allreduce_async_,
+            "grouped_allreduce_": grouped_allreduce_, "allgather_async": allgather_async,
+            "allgather": allgather, "grouped_allgather_async": grouped_allgather_async,
+            "grouped_allgather": grouped_allgather, "broadcast_async": broadcast_async,
+            "broadcast": broadcast, "broadcast_async_": broadcast_async_, "broadcast_": broadcast_,
+            "alltoall_async": alltoall_async, "alltoall": alltoall,
+            "reducescatter_async": reducescatter_async, "reducescatter": reducescatter,
+            "grouped_reducescatter_async": grouped_reducescatter_async,
+            "grouped_reducescatter": grouped_reducescatter}
