@@ -18,7 +18,17 @@ describe("conflux lifecycle", function()
     assert.are.equal("not_initialized", S.conflux_error(cfx.allreduce, { 1 }).kind)
     cfx.shutdown()  -- a no-op now
 
-    cfx.init()
+    -- init options are set by name in C (bindings/bind.h): a bad one fails here, before joining
+    local e = S.conflux_error(cfx.init, { no_such_option = 1 })
+    assert.are.equal("invalid_argument", e.kind)
+    assert.matches("unknown option 'no_such_option' (known: transport", e.message, 1, true)
+    e = S.conflux_error(cfx.init, { cache_capacity = -3 })
+    assert.matches("init option cache_capacity must be a whole number >= 0, not -3", e.message, 1, true)
+    e = S.conflux_error(cfx.init, { stall_timeout_s = "soon" })
+    assert.matches("init option stall_timeout_s must be a number, not string", e.message, 1, true)
+    assert.is_false(cfx.is_initialized())
+
+    cfx.init { cycle_time_ms = 2.5, deterministic = true, cache_capacity = 64 }
     assert.are.equal(size, cfx.size())
     do
       local h <close> = cfx.allreduce_async({ 2 }, { op = "sum", name = "after.reinit" })

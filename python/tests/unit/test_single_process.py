@@ -139,9 +139,15 @@ def test_argument_errors_at_the_call():
         conflux.allreduce(np.zeros(2), op=9)
     with pytest.raises(TypeError):
         conflux.allreduce(np.zeros(2), name=b"bytes")
-    with pytest.raises(TypeError, match="unknown option"):
+    with pytest.raises(TypeError, match="unknown option 'no_such_option' \\(known: transport"):
         conflux.shutdown()
         conflux.init(no_such_option=1)
+    with pytest.raises(conflux.InvalidArgumentError,
+                       match="init option cache_capacity must be a whole number >= 0, not -3"):
+        conflux.init(cache_capacity=-3)
+    with pytest.raises(TypeError, match="stall_timeout_s must be a number"):
+        conflux.init(stall_timeout_s="soon")
+    assert not conflux.is_initialized()
 
 
 def test_init_options_and_cycles():
