@@ -398,3 +398,8 @@ from .torch_process_sets import ProcessSet  # noqa: E402  (needs the module abov
 
 # The optimizer (conflux/torch_optimizer.py) builds on the names above.
 from .torch_optimizer import DistributedOptimizer  # noqa: E402
+
+
+# torch.distributed's backend "conflux" (conflux/torch_backend.py), registered once.
+from .torch_backend import ddp_hooks, register as _register_backend  # noqa: E402
+_register_backend()
