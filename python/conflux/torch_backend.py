@@ -208,7 +208,9 @@ class ConfluxProcessGroup(_ProcessGroup):
         self._completer.add(handle, finish, work, self._release)
         return work
 
-    def _allreduce_work(self, tensors, op, what, compression=0):
+    def _allreduce_work(self, tensors, op, what, compression=0, lone=False):
+        """`lone`: the future's value is the one tensor itself (what DDP wants from a Python
+        hook), not a list."""
         ts, copy_back = _contiguous_inplace(tensors)
         if len(ts) == 1:
             h = self._ops.allreduce_async_(ts[0], op, None, 1.0, 1.0, compression)
@@ -219,7 +221,7 @@ class ConfluxProcessGroup(_ProcessGroup):
 
         def finish(_):
             copy_back()
-            return list(tensors)
+            return tensors[0] if lone else list(tensors)
         return self._start(what, h, finish)
 
     # -- collectives (c10d's names and arguments) --
@@ -413,7 +415,7 @@ class ConfluxProcessGroup(_ProcessGroup):
 
     # -- for the communication hooks --
     def _allreduce_future(self, tensor, op, compression):
-        return self._allreduce_work([tensor], op, "ddp_hook", compression).get_future()
+        return self._allreduce_work([tensor], op, "ddp_hook", compression, True).get_future()
 
 
 # ---- the creator: joins the engine, checks torch's view against it ----
@@ -559,12 +561,13 @@ def _compressed_hook(compression, label):
     return hook
 
 
-ddp_hooks = types.SimpleNamespace(
-    fp16_compress_hook=_compressed_hook(_core.Compression.fp16, "fp16_compress_hook"),
-    bf16_compress_hook=_compressed_hook(_core.Compression.bf16, "bf16_compress_hook"),
-    fp16_everywhere_compress_hook=_compressed_hook(_core.Compression.fp16_everywhere,
-                                                   "fp16_everywhere_compress_hook"),
-)
+# (Not torch's hook names: DDP refuses a hook named bf16_compress_hook without CUDA and NCCL.)
+ddp_hooks = types.SimpleNamespace(**{
+    label: _compressed_hook(compression, label) for label, compression in (
+        ("fp16_wire_hook", _core.Compression.fp16),
+        ("bf16_wire_hook", _core.Compression.bf16),
+        ("fp16_everywhere_wire_hook", _core.Compression.fp16_everywhere),
+        ("bf16_everywhere_wire_hook", _core.Compression.bf16_everywhere))})
 
 
 # ---- registration ----

@@ -242,6 +242,7 @@ def test_rendezvous_store(rank, size):
     store.set("from%d" % rank, str(rank * 7))
     for peer in range(size):
         assert store.get("from%d" % peer) == str(peer * 7).encode()
+    dist.barrier()  # rank 0's store serves until every rank has read
 
 
 def test_unsupported_op_names_it(rank, size):
