@@ -439,8 +439,9 @@ def _check_view(what, torch_rank, torch_size, cfx_rank, cfx_size):
     if (torch_rank, torch_size) != (cfx_rank, cfx_size):
         raise RuntimeError(
             "init_process_group(\"conflux\"): torch.distributed says this process is rank %d of "
-            "%d, but the Conflux engine's %s says rank %d of %d; start every process with the "
-            "same launcher settings (torch's RANK/WORLD_SIZE must match the engine's world)"
+            "%d, but the Conflux engine's %s says rank %d of %d; the engine forms its world "
+            "from its launcher (mpirun, cfxrun, or one its rendezvous knows): start every "
+            "process with one, so that torch's RANK/WORLD_SIZE are the engine's"
             % (torch_rank, torch_size, what, cfx_rank, cfx_size))
 
 
