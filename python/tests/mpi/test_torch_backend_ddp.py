@@ -98,64 +98,54 @@ CONFIGS = {
 }
 
 
+def train_both(model, ref, rank, size, steps, backward, **reference):
+    """`steps` SGD steps of the DDP model (backward(step) runs its forwards and backwards) and of
+    the local reference (reference_step with `reference`); then their parameters compared."""
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=LR)
+    for step in range(steps):
+        opt.zero_grad()
+        backward(step)
+        opt.step()
+        reference_step(ref, ref_opt, size, step, **reference)
+    assert_same(model.module, ref)
+
+
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_ddp_matches_local_model(config, rank, size):
     model = ddp_model(rank, **CONFIGS[config])
     ref = reference_model()
     assert_same(model.module, ref)  # parameters and buffers came from rank 0
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=LR)
-    for step in range(5):
-        opt.zero_grad()
-        loss_of(model, rank, step).backward()
-        opt.step()
-        reference_step(ref, ref_opt, size, step)
-    assert_same(model.module, ref)
+    train_both(model, ref, rank, size, 5, lambda step: loss_of(model, rank, step).backward())
 
 
 def test_ddp_find_unused_parameters(rank, size):
     model = ddp_model(rank, with_extra=True, find_unused_parameters=True)
-    ref = reference_model(with_extra=True)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=LR)
-    for step in range(6):
-        opt.zero_grad()
-        loss_of(model, rank, step, use_extra=uses_extra(rank, step)).backward()
-        opt.step()
-        reference_step(ref, ref_opt, size, step, extra=True)
-    assert_same(model.module, ref)
+    train_both(model, reference_model(with_extra=True), rank, size, 6,
+               lambda step: loss_of(model, rank, step, use_extra=uses_extra(rank, step)).backward(),
+               extra=True)
 
 
 def test_ddp_no_sync_accumulates(rank, size):
     model = ddp_model(rank)
-    ref = reference_model()
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=LR)
-    for step in range(3):
-        opt.zero_grad()
+
+    def three_micro_batches(step):
         with model.no_sync():
             loss_of(model, rank, step, 0).backward()
             loss_of(model, rank, step, 1).backward()
         loss_of(model, rank, step, 2).backward()
-        opt.step()
-        reference_step(ref, ref_opt, size, step, micros=3)
-    assert_same(model.module, ref)
+    train_both(model, reference_model(), rank, size, 3, three_micro_batches, micros=3)
 
 
 def test_ddp_many_steps_with_gc(rank, size):
     """40 steps, the garbage collector run after every one (and find_unused_parameters, whose
     Work DDP's reducer waits for at the end of backward): no hang, still the local model."""
     model = ddp_model(rank, with_extra=True, find_unused_parameters=True, bucket_cap_mb=0.002)
-    ref = reference_model(with_extra=True)
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=LR)
-    for step in range(40):
-        opt.zero_grad()
+
+    def then_collect(step):
         loss_of(model, rank, step, use_extra=uses_extra(rank, step)).backward()
         gc.collect()
-        opt.step()
-        reference_step(ref, ref_opt, size, step, extra=True)
-    assert_same(model.module, ref)
+    train_both(model, reference_model(with_extra=True), rank, size, 40, then_collect, extra=True)
 
 
 @pytest.mark.parametrize("hook,bits", [("fp16_wire_hook", 11), ("bf16_wire_hook", 8),
