@@ -246,7 +246,7 @@ class ConfluxProcessGroup(_ProcessGroup):
             return list(tensors)
         return self._start("broadcast", h, finish)
 
-    def _gathered(self, inputs, what):
+    def _gathered(self, inputs):
         """The engine's allgather of each input as one row: a handle whose value is, per input,
         a (size x numel) tensor."""
         rows = [_rows(t) for t in inputs]
@@ -260,7 +260,7 @@ class ConfluxProcessGroup(_ProcessGroup):
             _check_same("all_gather", "the number of output tensors", self.size(), len(outs))
             for o in outs:
                 _check_same("all_gather", "an output tensor's size", t.numel(), o.numel())
-        h, per_input = self._gathered(inputs, "all_gather")
+        h, per_input = self._gathered(inputs)
 
         def finish(value):
             for outs, gathered in zip(output_lists, per_input(value)):
@@ -272,7 +272,7 @@ class ConfluxProcessGroup(_ProcessGroup):
     def _allgather_base(self, output, input, opts=None):
         _check_same("all_gather_into_tensor", "the output's number of elements",
                     input.numel() * self.size(), output.numel())
-        h, per_input = self._gathered([input], "all_gather_into_tensor")
+        h, per_input = self._gathered([input])
 
         def finish(value):
             output.copy_(per_input(value)[0].view_as(output))
@@ -371,7 +371,7 @@ class ConfluxProcessGroup(_ProcessGroup):
     def gather(self, output_lists, inputs, opts):
         """The allgather; the root keeps it."""
         root = opts.rootRank
-        h, per_input = self._gathered(inputs, "gather")
+        h, per_input = self._gathered(inputs)
 
         def finish(value):
             if self.rank() != root:
@@ -462,13 +462,6 @@ def _create(options, pg_options=None):
     _check_view("process set %s" % (ranks,), rank, size, process_set.rank(), process_set.size())
     return ConfluxProcessGroup(rank, size, process_set, "ranks" + "-".join(map(str, ranks)),
                                process_set)
-
-
-def _create_plain(store, rank, size, timeout):
-    """The creator without the extended API (not used by register(); kept for callers that
-    register the creator themselves): the default group only."""
-    return _create(types.SimpleNamespace(group_rank=rank, group_size=size,
-                                         global_ranks_in_group=[]))
 
 
 # ---- dist.new_group: the engine's subset contexts are made on every rank ----

@@ -7,7 +7,8 @@ A model with the parameters of --shapes (ResNet-50's 161 tensors, 25.6 M float32
 loss touches every parameter, so backward makes every gradient; --resnet18 also times
 torchvision's ResNet-18 (batch 8, 3x112x112) where torchvision is installed. Per round each
 variant runs --steps steps (forward, backward, SGD step): DDP on the conflux default group, DDP
-on a gloo group of the same ranks, and the model alone (local). Rank 0 prints the medians over
+on a gloo group of the same ranks, and the model alone (local), in an order that rotates from
+round to round. Rank 0 prints the medians over
 the rounds of the per-step time, and step - local (the communication that the step does not
 hide).
 """
@@ -60,10 +61,11 @@ def compare(label, build, make_input, groups, rounds, steps):
     times = {k: [] for k in variants}
     for name, model in variants.items():  # warm-up (bucket rebuild after the first step)
         timed(model, make_input, 2)
-    for _ in range(rounds):
-        for name, model in variants.items():
+    order = list(variants)
+    for i in range(rounds):  # each round in another order: no variant always follows the same
+        for name in order[i % 3:] + order[:i % 3]:
             dist.barrier(groups["gloo"])
-            times[name].append(timed(model, make_input, steps))
+            times[name].append(timed(variants[name], make_input, steps))
     if dist.get_rank() == 0:
         med = {k: statistics.median(v) for k, v in times.items()}
         print("%s, %d ranks: step ms: conflux %.1f, gloo %.1f, local %.1f; step - local: "

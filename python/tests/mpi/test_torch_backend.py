@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch", reason="python3-torch is not installed")
 import torch.distributed as dist
 
 import conflux
-import conflux.torch as cfx
+import conflux.torch  # noqa: F401  (registers "conflux")
 from conflux import torch_backend
 from conftest import contribution, expected_reduce
 
