@@ -12,6 +12,10 @@ contiguous first); in-place ones (`..._`) need contiguous tensors.
 
 `shared_empty` / `shared_zeros` make CPU tensors in shared tensor memory (large CPU allreduces on
 one host get cheaper; see conflux.shared_array).
+
+Importing this module also registers torch.distributed's backend "conflux"
+(`dist.init_process_group("conflux")`, conflux.torch_backend); `ddp_hooks` are its DDP
+communication hooks.
 """
 import math
 import pickle
