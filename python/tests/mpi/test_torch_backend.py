@@ -12,7 +12,7 @@ import torch.distributed as dist
 import conflux
 import conflux.torch  # noqa: F401  (registers "conflux")
 from conflux import torch_backend
-from conftest import contribution, expected_reduce
+from conftest import contribution, expected_reduce, tolerance
 
 
 def ensure_group():
@@ -48,15 +48,16 @@ if hasattr(dist.ReduceOp, "AVG"):
 
 
 @pytest.mark.parametrize("op", list(REDUCE_OPS))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.int64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.int64,
+                                   torch.float16, torch.bfloat16, torch.uint8])
 def test_all_reduce(op, dtype, rank, size):
     torch_op, cfx_op = REDUCE_OPS[op]
     seed = 10 + list(REDUCE_OPS).index(op)
+    name = str(dtype).rpartition(".")[2]
     t = mine(rank, (5, 3), dtype, seed, op == "PRODUCT")
     dist.all_reduce(t, op=torch_op)
-    want = expected_reduce(cfx_op, everyone(size, (5, 3), dtype, seed, op == "PRODUCT"),
-                           str(dtype).rpartition(".")[2])
-    np.testing.assert_allclose(t.to(torch.float64).numpy(), want, rtol=1e-6)
+    want = expected_reduce(cfx_op, everyone(size, (5, 3), dtype, seed, op == "PRODUCT"), name)
+    np.testing.assert_allclose(t.to(torch.float64).numpy(), want, rtol=tolerance(name) or 1e-6)
 
 
 def test_all_reduce_non_contiguous_and_scalar(rank, size):
@@ -173,6 +174,16 @@ def test_reduce_gather_scatter(rank, size):
     ins = list(mine(root, (size, 2), torch.float32, 72).unbind(0)) if rank == root else None
     dist.scatter(out, ins, src=root)
     np.testing.assert_array_equal(out.numpy(), contribution(root, (size, 2), "float32", 72)[rank])
+
+
+def test_object_collectives(rank, size):
+    """torch's pickled-object collectives (all_gather and broadcast of uint8 tensors underneath)."""
+    got = [None] * size
+    dist.all_gather_object(got, {"rank": rank, "name": "r%d" % rank})
+    assert got == [{"rank": r, "name": "r%d" % r} for r in range(size)]
+    objects = [("from", rank), list(range(rank + 2))]
+    dist.broadcast_object_list(objects, src=size - 1)
+    assert objects == [("from", size - 1), list(range(size + 1))]
 
 
 def test_barrier_and_work(rank, size):
