@@ -12,6 +12,10 @@ contiguous first); in-place ones (`..._`) need contiguous tensors.
 
 `shared_empty` / `shared_zeros` make CPU tensors in shared tensor memory (large CPU allreduces on
 one host get cheaper; see conflux.shared_array).
+
+Importing this module also registers torch.distributed's backend "conflux"
+(`dist.init_process_group("conflux")`, conflux.torch_backend); `ddp_hooks` are its DDP
+communication hooks.
 """
 import pickle
 
@@ -266,3 +270,8 @@ from .torch_process_sets import ProcessSet  # noqa: E402  (needs the module abov
 
 # The optimizer (conflux/torch_optimizer.py) builds on the names above.
 from .torch_optimizer import DistributedOptimizer  # noqa: E402
+
+
+# torch.distributed's backend "conflux" (conflux/torch_backend.py), registered once.
+from .torch_backend import ddp_hooks, register as _register_backend  # noqa: E402
+_register_backend()

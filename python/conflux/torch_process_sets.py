@@ -8,6 +8,8 @@ reducescatter and the grouped ops are differentiable here, as in Horovod: the gr
 - broadcast is the average of the gradient on the root rank, zero elsewhere;
 - alltoall is the alltoall of the gradient back to where its rows came from;
 - reducescatter is the allgather of the gradient, scaled like the forward (Average: / size);
+  conflux.horovod.torch passes Horovod's factor instead (Sum: x size, Average: x 1, times the
+  scale factors);
 - a grouped op is the grouped form of that, over the gradients of the group.
 Ranks and sizes are those of the set the functions run on.
 """
@@ -47,14 +49,18 @@ def _rows_before(ns, rows):
     return per_rank.view(ns.size(), len(rows))[:ns.rank()].sum(0).tolist()
 
 
-def _scaled(grads, op, pre, post, size):
-    scale = pre * post / (size if op == _core.Average else 1)
+def reducescatter_scale(op, pre, post, size):
+    """The factor of reducescatter's gradient (the allgathered gradient): the forward's."""
+    return pre * post / (size if op == _core.Average else 1)
+
+
+def _scaled(grads, scale):
     return [g if scale == 1 else g * scale for g in grads]
 
 
-def _autograd(ns):
+def _autograd(ns, rs_scale):
     """The autograd Functions of the collectives of `ns` (a namespace with their async forms,
-    rank() and size())."""
+    rank() and size()); rs_scale(op, pre, post, size) scales reducescatter's gradient."""
 
     class Allreduce(torch.autograd.Function):
         @staticmethod
@@ -138,7 +144,8 @@ def _autograd(ns):
         @staticmethod
         def backward(ctx, grad):
             gathered = ns.allgather_async(grad).wait()
-            return (_scaled([gathered], *ctx.args, ns.size())[0], None, None, None, None)
+            return (_scaled([gathered], rs_scale(*ctx.args, ns.size()))[0],
+                    None, None, None, None)
 
     class GroupedReducescatter(torch.autograd.Function):
         @staticmethod
@@ -149,7 +156,8 @@ def _autograd(ns):
         @staticmethod
         def backward(ctx, *grads):
             gathered = ns.grouped_allgather_async(list(grads)).wait()
-            return (None, None, None, None) + tuple(_scaled(gathered, *ctx.args, ns.size()))
+            return (None, None, None, None) + tuple(_scaled(gathered,
+                                                            rs_scale(*ctx.args, ns.size())))
 
     return {"allreduce": Allreduce, "grouped_allreduce": _Group(GroupedAllreduce),
             "allgather": Allgather, "grouped_allgather": _Group(GroupedAllgather),
@@ -157,12 +165,13 @@ def _autograd(ns):
             "grouped_reducescatter": _Group(GroupedReducescatter)}
 
 
-def differentiable_collectives(submit, rank, size, module):
+def differentiable_collectives(submit, rank, size, module, rs_scale=reducescatter_scale):
     """A namespace of every torch collective (conflux.torch's functions, with barrier(_async) and
     join(_async)) starting its collectives through `submit`, all of its blocking out-of-place
-    forms differentiable; rank() and size() are those of the ranks it runs on."""
+    forms differentiable; rank() and size() are those of the ranks it runs on. `rs_scale`: the
+    factor of reducescatter's gradient (conflux.horovod.torch gives Horovod's)."""
     ns = types.SimpleNamespace(rank=rank, size=size)
-    adapter = _ADAPTER._replace(autograd=_autograd(ns), differentiable=_needs_grad)
+    adapter = _ADAPTER._replace(autograd=_autograd(ns, rs_scale), differentiable=_needs_grad)
     ns.__dict__.update(_collectives(adapter, _DOCS, submit, module))
     return ns
 

@@ -70,18 +70,23 @@ def test_grouped_allgather_gradient(where, rank, size):
 
 @pytest.mark.parametrize("op", ["Sum", "Average"])
 def test_reducescatter_gradients_single_and_grouped(where, op, rank, size):
+    """The forward reduces and scatters; the gradient is Horovod's (HorovodReducescatter.backward):
+    the allgathered gradient times the set's size for Sum (times 1 for Average), times the
+    prescale and postscale factors."""
     ps, members = where
     if rank not in members:
         return
     n, me = len(members), members.index(rank)
     shapes = [(2 * n + 1, 2), (n,)]
     div = n if op == "Average" else 1
+    horovod = n if op == "Sum" else 1
     xs = [leaf(value(rank, s, 30 + i)) for i, s in enumerate(shapes)]
     single = hvd.reducescatter(xs[0], op=getattr(hvd, op), process_set=ps, prescale_factor=2.0)
-    grouped = hvd.grouped_reducescatter(xs, op=getattr(hvd, op), process_set=ps)
+    grouped = hvd.grouped_reducescatter(xs, op=getattr(hvd, op), process_set=ps,
+                                        postscale_factor=0.5)
     for i, s in enumerate(shapes):
         block = torch.tensor_split(sum(value(r, s, 30 + i) for r in members) / div, n)[me]
-        assert torch.allclose(grouped[i], block)
+        assert torch.allclose(grouped[i], 0.5 * block)
     assert torch.allclose(single, 2 * torch.tensor_split(
         sum(value(r, shapes[0], 30) for r in members) / div, n)[me])
 
@@ -92,10 +97,21 @@ def test_reducescatter_gradients_single_and_grouped(where, op, rank, size):
     loss = (weights(rank, 0) * single).sum() + sum((weights(rank, i) * g).sum()
                                                    for i, g in enumerate(grouped))
     loss.backward()
-    # x0 feeds both: single (prescale 2) and grouped; its gradient is every rank's block weights
-    want0 = torch.cat([weights(r, 0) for r in members]) * (3.0 / div)
+    # x0 feeds both: single (prescale 2) and grouped (postscale 0.5)
+    want0 = torch.cat([weights(r, 0) for r in members]) * horovod * (2.0 + 0.5)
     assert torch.allclose(xs[0].grad, want0)
-    assert torch.allclose(xs[1].grad, torch.cat([weights(r, 1) for r in members]) / div)
+    assert torch.allclose(xs[1].grad, torch.cat([weights(r, 1) for r in members]) * horovod * 0.5)
+
+
+def test_process_set_reducescatter_gradient_is_the_forwards(rank, size):
+    """conflux.torch.ProcessSet keeps the forward's factor (the mathematical gradient): only
+    conflux.horovod.torch follows Horovod."""
+    import conflux.torch as cfx
+    with cfx.ProcessSet(list(range(size))) as ps:
+        x = leaf(value(rank, (size,), 50))
+        out = ps.reducescatter(x, op=cfx.Average)
+        (out * (rank + 1)).sum().backward()
+        assert torch.allclose(x.grad, torch.arange(1, size + 1, dtype=torch.float64) / size)
 
 
 def test_alltoall_gradient(where, rank, size):

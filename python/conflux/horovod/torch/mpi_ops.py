@@ -3,9 +3,9 @@
 Every collective takes `process_set` (default hvd.global_process_set) and runs on that set's own
 subset context; root ranks are the job's ranks, as in Horovod. The blocking out-of-place forms
 are differentiable, the grouped ones, reducescatter and alltoall too (conflux.torch_process_sets
-has the gradients). allreduce of a sparse COO tensor, and sparse_allreduce_async, allgather the
-indices and values over the set and return the coalesced sum (Average: divided by the set's
-size); other ops reduce the dense tensor.
+has the gradients; reducescatter's is Horovod's, _horovod_rs_scale). allreduce of a sparse COO
+tensor, and sparse_allreduce_async, allgather the indices and values over the set and return the
+coalesced sum (Average: divided by the set's size); other ops reduce the dense tensor.
 """
 import warnings
 import weakref
@@ -43,6 +43,13 @@ def _resolve_op(op, average):
     else:
         op = Average
     return op
+
+
+def _horovod_rs_scale(op, pre, post, size):
+    """Horovod's reducescatter gradient (HorovodReducescatter.backward): the allgathered gradient
+    times the set's size for Sum, times 1 for Average, then times both scale factors. (Not the
+    forward's factor, which conflux.torch's ProcessSet uses: Horovod's is `size` times that.)"""
+    return (size if op == Sum else 1) * pre * post
 
 
 def _check_rs_op(op):
@@ -162,7 +169,8 @@ def stop_timeline():
 
 
 # ---- process sets: the collectives each one runs ----
-_GLOBAL = differentiable_collectives(_core.submit, _core.rank, _core.size, __name__)
+_GLOBAL = differentiable_collectives(_core.submit, _core.rank, _core.size, __name__,
+                                    _horovod_rs_scale)
 _set_collectives = weakref.WeakKeyDictionary()  # Subset -> its collectives
 
 
@@ -173,7 +181,8 @@ def _set_ops(process_set):
     subset = _ps.subset_of(process_set)
     ops = _set_collectives.get(subset)
     if ops is None:
-        ops = differentiable_collectives(subset.submit, subset.rank, subset.size, __name__)
+        ops = differentiable_collectives(subset.submit, subset.rank, subset.size, __name__,
+                                         _horovod_rs_scale)
         _set_collectives[subset] = ops
     return ops
 
