@@ -18,6 +18,7 @@ Importing this module also registers torch.distributed's backend "conflux"
 communication hooks.
 """
 import pickle
+import sys
 
 import torch
 
@@ -274,4 +275,4 @@ from .torch_optimizer import DistributedOptimizer  # noqa: E402
 
 # torch.distributed's backend "conflux" (conflux/torch_backend.py), registered once.
 from .torch_backend import ddp_hooks, register as _register_backend  # noqa: E402
-_register_backend()
+_register_backend(sys.modules[__name__])

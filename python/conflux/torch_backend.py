@@ -44,9 +44,14 @@ _KEEP_COMPLETED = 64
 _TORCH_MAJOR = int(torch.__version__.split(".")[0])
 
 
+_CFX_TORCH = None  # the conflux.torch module, handed in by register() (no import: no circle)
+
+
 def _cfx():
-    from . import torch as cfx  # conflux.torch imports this module at its end
-    return cfx
+    if _CFX_TORCH is None:
+        raise RuntimeError("the conflux backend is registered by `import conflux.torch`; "
+                           "conflux.torch_backend alone cannot run collectives")
+    return _CFX_TORCH
 
 
 # ---- reduction ops ----
@@ -565,9 +570,12 @@ ddp_hooks = types.SimpleNamespace(**{
 
 
 # ---- registration ----
-def register():
-    """Registers the backend, the conflux:// rendezvous and the wrappers of new_group and env://;
-    a second call does nothing (torch asserts on a second register_backend)."""
+def register(cfx_torch):
+    """Registers the backend, the conflux:// rendezvous and the wrappers of new_group and env://,
+    running on `cfx_torch` (the conflux.torch module, which calls this at its end); a second call
+    does nothing (torch asserts on a second register_backend)."""
+    global _CFX_TORCH
+    _CFX_TORCH = cfx_torch
     if BACKEND.upper() in dist.Backend._plugins:
         return
     if _TORCH_MAJOR >= 2:
