@@ -214,7 +214,7 @@ static void *rank_main(void *p)
         fail("config", j->rank);
     cfg.log_level = CX_LOG_OFF;
     if (j->claim && j->rank == 1)
-        sscanf(j->claim, "%d.%d", &cfg.test_wire_major, &cfg.test_wire_minor);
+        sscanf(j->claim, "%d.%d", &cfg.test.wire_major, &cfg.test.wire_minor);
     cx_transport *local;
     if (cx_transport_local_create(j->world, j->rank, &local) != CFX_OK)
         fail("transport", j->rank);
@@ -404,7 +404,7 @@ static void derived(void)
     cx_bytes recs = {0};
     size_t lens[RANKS];
     for (int r = 0; r < RANKS; r++) {
-        cx_config cfg = {.test_wire_major = -1};
+        cx_config cfg = {.test.wire_major = -1};
         cx_hello_self(&cfg, &h[r]);
         h[r].wire_minor = (uint16_t)r;
         size_t before = recs.len;

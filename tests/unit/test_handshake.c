@@ -34,8 +34,8 @@ static void *rank_main(void *p)
     cx_transport *t;
     cfx_context *ctx = NULL;
     j->status = cx_config_load(&cfg, NULL);
-    cfg.test_wire_major = j->major;
-    cfg.test_wire_minor = j->minor;
+    cfg.test.wire_major = j->major;
+    cfg.test.wire_minor = j->minor;
     if (j->log_file)
         snprintf(cfg.log_file, sizeof cfg.log_file, "%s", j->log_file);
     if (!j->status)
@@ -124,7 +124,7 @@ static void other_minor_goes_on_with_a_line(void **state)
 
 static cx_hello hello(int major, int minor)
 {
-    cx_config cfg = {.test_wire_major = major, .test_wire_minor = minor};
+    cx_config cfg = {.test.wire_major = major, .test.wire_minor = minor};
     cx_hello h;
     cx_hello_self(&cfg, &h);
     return h;

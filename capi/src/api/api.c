@@ -78,7 +78,7 @@ static cfx_status create_transport(const cx_config *cfg, cx_transport **out)
     int kind = cfg->transport;
 #if CFX_HAVE_MPI
     if (kind == CFX_TRANSPORT_AUTO || kind == CFX_TRANSPORT_MPI)
-        return cx_transport_mpi_create(out);
+        return cx_transport_mpi_create(cfg->test.local_size, out);
 #else
     if (kind == CFX_TRANSPORT_MPI)
         return cx_fail(CFX_ERR_UNSUPPORTED, "cfx_init: this build of Conflux has no MPI transport "
@@ -609,7 +609,7 @@ cfx_status cfx_allreduce_async_opts(cfx_context *ctx, const char *name, const cf
         return cx_fail(CFX_ERR_VERSION, "%s: options version %u is not known to this library "
                        "(fill them with cfx_allreduce_options_init)", fn, o->version);
     uint8_t wire;
-    cfx_status st = cx_compression_wire(fn, o->compression, &wire);
+    cfx_status st = cx_compression_wire(fn, o->compression, ctx && ctx->cfg.compression_everywhere, &wire);
     if (st)
         return st;
     void *outputs[1] = {output};

@@ -27,11 +27,6 @@
 #include "kernels/compress.h"
 #include "protocol/wire.h"
 
-/* Default bucket size, 64 MiB (Horovod's fusion threshold). Measured at 2 ranks (ResNet-50, VGG-16,
- * BERT-base, every gradient ready at once), 8 and 16 MiB buckets cost more batches (an agreement and
- * a direct-path pass each) than they gave back; smaller buckets overlap more with a slow backward.
- * CFX_GRADSET_BUCKET_BYTES or the options' bucket_bytes choose another. */
-#define DEFAULT_BUCKET_BYTES (64ll << 20)
 #define NAME_MAX_BYTES 4096
 
 cfx_status cfx_gradset_options_init(cfx_gradset_options *opts, uint32_t version)
@@ -57,24 +52,13 @@ cfx_status cfx_gradset_options_init(cfx_gradset_options *opts, uint32_t version)
     return CFX_OK;
 }
 
-static int64_t default_bucket_bytes(void)
-{
-    const char *v = getenv("CFX_GRADSET_BUCKET_BYTES");
-    if (v && *v) {
-        char *end;
-        long long n = strtoll(v, &end, 10);
-        if (*end == '\0' && n > 0)
-            return n;
-    }
-    return DEFAULT_BUCKET_BYTES;
-}
-
-static cfx_status check_options(const cfx_gradset_options *o, uint8_t *wire)
+/* `everywhere`: CFX_COMPRESSION_EVERYWHERE, agreed at init. */
+static cfx_status check_options(const cfx_gradset_options *o, bool everywhere, uint8_t *wire)
 {
     const char *fn = "cfx_gradset_create";
     *wire = CFX_COMPRESSION_NONE;
     if (o->version >= 2) {
-        cfx_status st = cx_compression_wire(fn, o->compression, wire);
+        cfx_status st = cx_compression_wire(fn, o->compression, everywhere, wire);
         if (st)
             return st;
         if (o->error_feedback != 0 && o->error_feedback != 1)
@@ -116,7 +100,7 @@ cfx_status cfx_gradset_create(cfx_context *ctx, const char *name, const cfx_grad
     cfx_gradset_options_init(&defaults, CFX_GRADSET_OPTIONS_VERSION);
     const cfx_gradset_options *o = opts ? opts : &defaults;
     uint8_t wire;
-    cfx_status st = check_options(o, &wire);
+    cfx_status st = check_options(o, ctx->cfg.compression_everywhere, &wire);
     if (st)
         return st;
     if (!atomic_load(&ctx->running))
@@ -136,7 +120,7 @@ cfx_status cfx_gradset_create(cfx_context *ctx, const char *name, const cfx_grad
     s->op = o->op;
     s->prescale = o->prescale;
     s->postscale = o->postscale;
-    s->bucket_bytes = o->bucket_bytes ? o->bucket_bytes : default_bucket_bytes();
+    s->bucket_bytes = o->bucket_bytes ? o->bucket_bytes : ctx->cfg.gradset_bucket_bytes;
     s->owned = o->owned;
     s->accumulate_steps = o->accumulate_steps;
     s->compression = wire;

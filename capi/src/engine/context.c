@@ -165,26 +165,59 @@ static cfx_status agree_config(cfx_context *ctx)
     return CFX_OK;
 }
 
-/* Whether every host has the same number of ranks (the two-level path needs equal blocks). */
-static cfx_status homogeneous(cx_transport *t, bool *out)
+/* Every rank's `mine`, in rank order: *all_out is malloc'ed (the caller frees it). Collective. */
+static cfx_status allgather_int32(cx_transport *t, int32_t mine, int32_t **all_out)
 {
-    int n = t->size;
-    int32_t mine = t->local_size, *all = malloc(sizeof *all * (size_t)n);
-    size_t *bytes = malloc(sizeof *bytes * (size_t)n), *displs = malloc(sizeof *displs * (size_t)n);
+    size_t n = (size_t)t->size;
+    int32_t *all = malloc(sizeof *all * n);
+    size_t *bytes = malloc(sizeof *bytes * n), *displs = malloc(sizeof *displs * n);
     cfx_status st = (all && bytes && displs) ? CFX_OK
                                              : cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory");
-    for (int r = 0; !st && r < n; r++) {
+    for (size_t r = 0; !st && r < n; r++) {
         bytes[r] = sizeof mine;
-        displs[r] = (size_t)r * sizeof mine;
+        displs[r] = r * sizeof mine;
     }
     if (!st)
         st = t->ops->allgatherv(t, &mine, sizeof mine, all, bytes, displs);
-    *out = true;
-    for (int r = 0; !st && r < n; r++)
-        *out = *out && all[r] == mine;
-    free(all);
     free(bytes);
     free(displs);
+    if (st) {
+        free(all);
+        all = NULL;
+    }
+    *all_out = all;
+    return st;
+}
+
+/* Settings that change what a caller asked for cannot be adopted from rank 0 (a rank would get
+ * another result than its environment promised): they must be equal already. One allgather of
+ * each rank's value, so every rank finds the same first difference and fails init with the same
+ * CFX_ERR_CONFIG naming the variable, both values and both ranks. */
+static cfx_status check_equal_settings(cfx_context *ctx)
+{
+    cx_transport *t = ctx->transport;
+    if (t->size == 1)
+        return CFX_OK;
+    int32_t *all = NULL;
+    cfx_status st = allgather_int32(t, ctx->cfg.compression_everywhere, &all);
+    for (int r = 1; !st && r < t->size; r++)
+        if (all[r] != all[0])
+            st = cx_fail(CFX_ERR_CONFIG, "CFX_COMPRESSION_EVERYWHERE differs across ranks: rank 0 "
+                         "has %d, rank %d has %d (set it alike on every rank)", (int)all[0], r,
+                         (int)all[r]);
+    free(all);
+    return st;
+}
+
+/* Whether every host has the same number of ranks (the two-level path needs equal blocks). */
+static cfx_status homogeneous(cx_transport *t, bool *out)
+{
+    int32_t *all = NULL;
+    cfx_status st = allgather_int32(t, t->local_size, &all);
+    *out = true;
+    for (int r = 0; !st && r < t->size; r++)
+        *out = *out && all[r] == t->local_size;
+    free(all);
     return st;
 }
 
@@ -218,7 +251,7 @@ static cfx_status setup_data_path(cfx_context *ctx)
     }
     if (t->local_size == 1) /* the same on every rank here */
         return CFX_OK;
-    st = cx_shm_create(t, (size_t)c->chunk_bytes, &ctx->shm);
+    st = cx_shm_create(t, (size_t)c->chunk_bytes, c->test.direct_map_fail, &ctx->shm);
     if (st == CFX_ERR_TRANSPORT) { /* no usable /dev/shm: MPI alone still works */
         cx_log(&ctx->log, CX_LOG_WARNING, "context", "%s; MPI carries every allreduce",
                cx_error_message());
@@ -275,6 +308,8 @@ cfx_status cx_context_create(cx_transport *transport, const cx_config *cfg, cfx_
         st = cx_handshake(ctx->transport, &ctx->cfg, &ctx->log);
     if (!st)
         st = agree_config(ctx);
+    if (!st)
+        st = check_equal_settings(ctx);
     if (!st)
         st = setup_data_path(ctx);
     if (!st)

@@ -207,12 +207,11 @@ static cfx_status local_setup(cx_device *d, cx_device_info *mine)
     return st;
 }
 
-/* CFX_TEST_DEVICE_PATH=nccl|staged (tests only): the path set-up must have chosen; otherwise
- * every device batch fails on every rank (the plan is the same everywhere), saying what was
- * chosen and why. tests/gpu asserts the path of each run this way. */
-static void check_expected_path(cx_device *d, const char *why)
+/* CFX_TEST_DEVICE_PATH=nccl|staged (tests only; base/test_hooks.h): the path set-up must have
+ * chosen; otherwise every device batch fails on every rank (the plan is the same everywhere),
+ * saying what was chosen and why. tests/gpu asserts the path of each run this way. */
+static void check_expected_path(cx_device *d, const char *want, const char *why)
 {
-    const char *want = getenv("CFX_TEST_DEVICE_PATH");
     const char *got = d->path == CX_DEVICE_PATH_NCCL ? "nccl" : "staged";
     if (want && *want && strcmp(want, got) != 0 && !d->broken[0])
         snprintf(d->broken, sizeof d->broken, "CFX_TEST_DEVICE_PATH=%.16s, but set-up chose the "
@@ -257,7 +256,7 @@ static cfx_status device_setup(cx_exec *x, int local_device, cx_device **out)
             d->path = CX_DEVICE_PATH_STAGED;
     }
 #endif
-    check_expected_path(d, why);
+    check_expected_path(d, x->cfg->test.device_path, why);
     if (t->rank == 0)
         cx_log(x->log, CX_LOG_INFO, "device", "device tensors take the %s%s%s%s",
                d->path == CX_DEVICE_PATH_NCCL ? "NCCL data path" : "host-staged data path",

@@ -16,8 +16,6 @@
 #include "exec/shm.h"
 #include "observe/timeline.h"
 
-static void parse_fail_test(cx_exec *x);
-
 void cx_exec_init(cx_exec *x, cx_transport *t, const cx_config *cfg, cx_queue *q, cx_handles *h,
                   const cx_logger *log)
 {
@@ -27,50 +25,15 @@ void cx_exec_init(cx_exec *x, cx_transport *t, const cx_config *cfg, cx_queue *q
     x->queue = q;
     x->handles = h;
     x->log = log;
-    parse_fail_test(x);
 }
 
 /* ---- failure agreement (execute.h) ------------------------------------------------------------ */
 
-/* CFX_TEST_FAIL=RANKS:PREFIX[:done] (tests only): the ranks RANKS (comma-separated, 0..63) fail
- * every batch whose first tensor name starts with PREFIX, at its ready agreement, or with ":done"
- * at the done agreement of the device paths. */
-static void parse_fail_test(cx_exec *x)
-{
-    const char *v = getenv("CFX_TEST_FAIL");
-    if (!v || !*v)
-        return;
-    struct cx_fail_test f = {0, CX_AGREE_READY, ""};
-    const char *p = v;
-    char *end = NULL;
-    for (;;) {
-        long r = strtol(p, &end, 10);
-        if (end == p || r < 0 || r > 63)
-            goto bad;
-        f.ranks |= 1ull << r;
-        p = end;
-        if (*p != ',')
-            break;
-        p++;
-    }
-    if (*p++ != ':')
-        goto bad;
-    const char *colon = strchr(p, ':');
-    size_t len = colon ? (size_t)(colon - p) : strlen(p);
-    if (len == 0 || len >= sizeof f.prefix || (colon && strcmp(colon + 1, "done") != 0))
-        goto bad;
-    memcpy(f.prefix, p, len);
-    f.phase = colon ? CX_AGREE_DONE : CX_AGREE_READY;
-    x->fail_test = f;
-    return;
-bad:
-    cx_log(x->log, CX_LOG_ERROR, "execute", "CFX_TEST_FAIL=%s: expected RANKS:PREFIX[:done] "
-           "(ranks 0..63, comma-separated); ignored", v);
-}
-
+/* CFX_TEST_FAIL (tests only; parsed with the configuration, base/test_hooks.h): this rank fails
+ * the batches the hook names, at the agreement it names. */
 static bool injected(const cx_exec *x, cx_agree_phase phase, const char *name)
 {
-    const struct cx_fail_test *f = &x->fail_test;
+    const struct cx_fail_test *f = &x->cfg->test.fail;
     int r = x->transport->rank;
     return f->prefix[0] && f->phase == (int)phase && r < 64 && ((f->ranks >> r) & 1) && name &&
            strncmp(name, f->prefix, strlen(f->prefix)) == 0;
@@ -113,7 +76,7 @@ cfx_status cx_exec_agree(cx_exec *x, cfx_status local, cx_agree_phase phase, con
     cx_transport *t = x->transport;
     if (!local && injected(x, phase, name))
         local = cx_fail(CFX_ERR_OUT_OF_MEMORY, "injected failure on rank %d (CFX_TEST_FAIL: "
-                        "prefix '%s', %s agreement)", t->rank, x->fail_test.prefix,
+                        "prefix '%s', %s agreement)", t->rank, x->cfg->test.fail.prefix,
                         phase == CX_AGREE_DONE ? "done" : "ready");
     if (t->size == 1)
         return local; /* its message is still this thread's */

@@ -46,11 +46,6 @@ typedef struct cx_exec {
     struct cx_device *device; /* device tensors' state (device_exec.h): made by the first device
                                  response, or NULL */
     const struct cx_device_ops *device_ops; /* the device path, or NULL (device tensors fail) */
-    struct cx_fail_test {     /* CFX_TEST_FAIL, parsed once at init (tests only; cx_exec_agree) */
-        uint64_t ranks;       /* bit r: rank r fails (ranks 0..63) */
-        int phase;            /* the cx_agree_phase it fails in */
-        char prefix[56];      /* batches whose first tensor name starts with this; "" = off */
-    } fail_test;
 } cx_exec;
 
 struct cx_allreduce_batch;
