@@ -13,7 +13,7 @@
 #include "kernels/reduce.h"
 #include "exec/adasum.h"
 #include "exec/combine16.h"
-#include "exec/shm.h"
+#include "exec/shm_layer.h"
 #include "observe/timeline.h"
 
 void cx_exec_init(cx_exec *x, cx_transport *t, const cx_config *cfg, cx_queue *q, cx_handles *h,
@@ -304,7 +304,8 @@ static cfx_status reduce_chunks(cx_exec *x, const void *src, void *dst, size_t n
  * deterministic guarantee on one host; across hosts deterministic mode takes the ordered path. */
 static bool use_shm(const cx_exec *x)
 {
-    return x->shm && (!x->cfg->deterministic || !x->hierarchical);
+    cx_host_path p = cx_shm_layer_path(x->transport);
+    return p.shm && (!x->cfg->deterministic || !p.hierarchical);
 }
 
 static double final_scale(const cx_exec *x, const cx_response *r)
@@ -392,7 +393,8 @@ cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_allreduce_batch *b, doubl
     if (b->local) /* failed before it started: only the agreement */
         return cx_exec_agree(x, b->local, CX_AGREE_READY, name, NULL);
     if (op == CFX_OP_ADASUM) { /* its own data path (adasum.h); across hosts after a host average */
-        cx_shm *host = x->shm && x->hierarchical && use_shm(x) ? x->shm : NULL;
+        cx_host_path path = cx_shm_layer_path(x->transport);
+        cx_shm *host = path.hierarchical && use_shm(x) ? path.shm : NULL;
         cfx_status st = cx_exec_agree(x, cx_adasum_reserve(&x->adasum, items, entries, n, dtype),
                                       CX_AGREE_READY, name, NULL);
         TL_STAMP(tl, 1);
@@ -405,6 +407,7 @@ cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_allreduce_batch *b, doubl
     cfx_status st = CFX_OK;
     if (use_shm(x)) {
         /* Straight from the tensors into shared memory and back: no fusion buffer. */
+        cx_host_path path = cx_shm_layer_path(x->transport);
         size_t nsegs = 0;
         st = reserve(&x->segs, &x->segs_cap, n * sizeof(cx_segment));
         cx_segment *segs = x->segs;
@@ -415,12 +418,12 @@ cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_allreduce_batch *b, doubl
         st = cx_exec_agree(x, st, CX_AGREE_READY, name, NULL);
         if (!st) {
             TL_STAMP(tl, 1);
-            st = cx_shm_allreduce_wire(x->shm, x->transport, segs, nsegs, dtype, op, pre, post,
-                                       x->hierarchical, cx_compression_leg(wire, dtype, true),
+            st = cx_shm_allreduce_wire(path.shm, x->transport, segs, nsegs, dtype, op, pre, post,
+                                       path.hierarchical, cx_compression_leg(wire, dtype, true),
                                        x->residual);
             TL_STAMP(tl, 2);
             const char *why;
-            int direct = cx_shm_direct_state(x->shm, &why);
+            int direct = cx_shm_direct_state(path.shm, &why);
             if (direct != x->direct_logged) {
                 x->direct_logged = direct;
                 if (direct > 0)

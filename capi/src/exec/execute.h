@@ -36,12 +36,11 @@ typedef struct cx_exec {
     size_t scratch_cap;
     void *segs;           /* the shared-memory path's segment list (cx_segment), grown on demand */
     size_t segs_cap;
-    struct cx_shm *shm;   /* the shared-memory path (owned by the context), or NULL */
     void *residual;       /* set by a gradient set with error feedback for one batch: what
                              rounding took from each element this rank packs (kernels/compress.h) */
     struct cx_adasum *adasum; /* Adasum's buffers (adasum.h), made by its first batch, or NULL */
-    bool hierarchical;    /* shm reduces within the host, MPI across hosts */
-    int direct_logged;    /* the shm direct path's state last logged (cx_shm_direct_state) */
+    int direct_logged;    /* the shm direct path's state last logged (cx_shm_direct_state); the
+                             host path itself is the transport's layer (shm_layer.h) */
     struct cx_timeline *timeline; /* the context's, or NULL (timeline.h) */
     struct cx_device *device; /* device tensors' state (device_exec.h): made by the first device
                                  response, or NULL */
