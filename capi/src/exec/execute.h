@@ -124,4 +124,22 @@ cfx_status cx_exec_agree(cx_exec *x, cfx_status local, cx_agree_phase phase, con
 /* Completes an entry with a status and frees it. */
 void cx_exec_complete(cx_exec *x, cx_entry *e, cfx_status status, const char *message);
 
+/* ---- shared by the engine's own files (execute.c, host_allreduce.c, agree.c) ---------------- */
+
+/* Grows *buf to at least `bytes` (contents not kept). */
+cfx_status cx_exec_reserve(void **buf, size_t *cap, size_t bytes);
+
+/* Whether host allreduces take the shared-memory path. It combines in rank order, so it keeps the
+ * deterministic guarantee on one host; across hosts deterministic mode takes the ordered path. */
+bool cx_exec_uses_shm(const cx_exec *x);
+
+/* Deterministic reduce-scatter of one chunk: rank r owns block r, receives every rank's copy of it
+ * and reduces them in rank order. `send` holds the elements of counts[]; `out` receives this
+ * rank's block (the copies are staged in x->scratch). */
+cfx_status cx_exec_ordered_reduce_scatter(cx_exec *x, const void *send, void *out,
+                                          const size_t *counts, cfx_dtype dtype, cfx_reduce_op op);
+
+/* Timeline stamp i of t[] (x in scope), when the timeline is on. */
+#define CX_EXEC_TL_STAMP(t, i) do { if (CX_TL(x->timeline)) (t)[i] = cx_timeline_now(); } while (0)
+
 #endif /* CFX_EXECUTE_H */
