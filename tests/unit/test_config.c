@@ -21,6 +21,7 @@
 #include "base/config.h"
 #include "base/error.h"
 #include "engine/context.h"
+#include "support.h"
 #include "transport/transport_local.h"
 
 /* CFX_* variables from a NULL-terminated list of "NAME=VALUE" strings. */
@@ -211,8 +212,7 @@ static void process_wide_bytes(void **state)
 #define RANKS 3
 
 typedef struct rank_job {
-    cx_local_world *world;
-    int rank;
+    world_rank at;       /* first: run_world_threads fills it */
     const char *vars[3]; /* this rank's CFX_* variables */
     cfx_status status;
     int64_t bucket_bytes; /* the context's, after init */
@@ -223,14 +223,9 @@ static void *rank_init(void *p)
 {
     rank_job *j = p;
     cx_config cfg;
-    cx_transport *t = NULL;
     cfx_context *ctx = NULL;
-    j->status = load(&cfg, NULL, j->vars);
-    if (!j->status)
-        j->status = cx_transport_local_create(j->world, j->rank, &t);
-    if (!j->status)
-        j->status = cx_context_create(t, &cfg, &ctx);
-    snprintf(j->message, sizeof j->message, "%s", j->status ? cx_error_message() : "");
+    j->status = open_world_rank(&j->at, &cfg, load(&cfg, NULL, j->vars), &ctx, j->message,
+                                sizeof j->message);
     if (ctx) {
         j->bucket_bytes = ctx->cfg.gradset_bucket_bytes;
         cfx_shutdown(ctx);
@@ -239,20 +234,7 @@ static void *rank_init(void *p)
     return NULL;
 }
 
-static void run_jobs(rank_job *jobs)
-{
-    cx_local_world *w;
-    assert_int_equal(cx_local_world_create(RANKS, &w), CFX_OK);
-    pthread_t threads[RANKS];
-    for (int r = 0; r < RANKS; r++) {
-        jobs[r].world = w;
-        jobs[r].rank = r;
-        pthread_create(&threads[r], NULL, rank_init, &jobs[r]);
-    }
-    for (int r = 0; r < RANKS; r++)
-        pthread_join(threads[r], NULL);
-    cx_local_world_release(w);
-}
+static void run_jobs(rank_job *jobs) { run_world_threads(RANKS, rank_init, jobs, sizeof *jobs); }
 
 static void compression_everywhere_must_agree(void **state)
 {
