@@ -71,7 +71,8 @@ static cfx_status reserve_ordered(cx_exec *x, size_t n, size_t esize)
     if (!x->cfg->deterministic || x->transport->size == 1 || n == 0)
         return CFX_OK;
     size_t block = ordered_block_elems(x, n, esize) * esize;
-    return cx_exec_reserve(&x->scratch, &x->scratch_cap, block * ((size_t)x->transport->size + 1) + 1);
+    size_t blocks = (size_t)x->transport->size + 1;
+    return cx_exec_reserve(&x->scratch, &x->scratch_cap, block * blocks + 1);
 }
 
 /* reduce_chunks with compression on this leg: each chunk packed into the 16-bit `half` with the
