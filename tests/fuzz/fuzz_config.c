@@ -77,10 +77,10 @@ static void check_accepted(const cx_config *c, const cfx_init_options *o)
     FUZZ_CHECK(c->timeline_max_bytes >= 0, "timeline cap %lld", (long long)c->timeline_max_bytes);
     FUZZ_CHECK(terminated(c->log_file, sizeof c->log_file) && terminated(c->timeline, sizeof c->timeline) &&
                terminated(c->autotune_log, sizeof c->autotune_log), "a path not terminated");
-    FUZZ_CHECK((c->test_wire_major == -1 && c->test_wire_minor == -1) ||
-               (c->test_wire_major >= 0 && c->test_wire_major <= 65535 && c->test_wire_minor >= 0 &&
-                c->test_wire_minor <= 65535), "wire version %d.%d", c->test_wire_major,
-               c->test_wire_minor);
+    FUZZ_CHECK((c->test.wire_major == -1 && c->test.wire_minor == -1) ||
+               (c->test.wire_major >= 0 && c->test.wire_major <= 65535 && c->test.wire_minor >= 0 &&
+                c->test.wire_minor <= 65535), "wire version %d.%d", c->test.wire_major,
+               c->test.wire_minor);
     if (!o)
         return;
     /* Precedence: a field set in the options wins. */

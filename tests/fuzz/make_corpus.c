@@ -22,6 +22,7 @@
 #include "base/error.h"
 #include "engine/context.h"
 #include "fuzz_config_input.h"
+#include "protocol/gradset_wire.h"
 #include "protocol/handshake.h"
 #include "protocol/wire.h"
 #include "transport/transport_local.h"
@@ -214,7 +215,7 @@ static void *rank_main(void *p)
         fail("config", j->rank);
     cfg.log_level = CX_LOG_OFF;
     if (j->claim && j->rank == 1)
-        sscanf(j->claim, "%d.%d", &cfg.test_wire_major, &cfg.test_wire_minor);
+        sscanf(j->claim, "%d.%d", &cfg.test.wire_major, &cfg.test.wire_minor);
     cx_transport *local;
     if (cx_transport_local_create(j->world, j->rank, &local) != CFX_OK)
         fail("transport", j->rank);
@@ -404,7 +405,7 @@ static void derived(void)
     cx_bytes recs = {0};
     size_t lens[RANKS];
     for (int r = 0; r < RANKS; r++) {
-        cx_config cfg = {.test_wire_major = -1};
+        cx_config cfg = {.test.wire_major = -1};
         cx_hello_self(&cfg, &h[r]);
         h[r].wire_minor = (uint16_t)r;
         size_t before = recs.len;
@@ -475,6 +476,32 @@ static void configs(void)
     config_seed("inf", &o, "");
 }
 
+/* Gradient-set registrations (protocol/gradset_wire.h) as cfx_gradset_commit sends them. */
+static void gradset_seed(const char *kind, uint32_t compression, const cx_gradset_reg *g,
+                         uint32_t n)
+{
+    uint8_t buf[4096];
+    size_t len = 0;
+    cx_gradset_wire_header(buf, &len, n, compression);
+    for (uint32_t i = 0; i < n; i++)
+        cx_gradset_wire_grad(buf, &len, &g[i]);
+    write_input("gradset", kind, NULL, 0, buf, len);
+}
+
+static void gradsets(void)
+{
+    scenario = "gradset";
+    const cx_gradset_reg cpu[] = {{"fc.weight", 9, CFX_FLOAT32, CFX_DEVICE_CPU, 2, {256, 784}},
+                                  {"fc.bias", 7, CFX_FLOAT32, CFX_DEVICE_CPU, 1, {256}},
+                                  {"step", 4, CFX_INT64, CFX_DEVICE_CPU, 0, {0}}};
+    const cx_gradset_reg cuda[] = {{"conv1.weight", 12, CFX_FLOAT16, 0, 4, {64, 3, 7, 7}},
+                                   {"bn1.bias", 8, CFX_BFLOAT16, 0, 1, {64}}};
+    gradset_seed("empty", 0, NULL, 0);
+    gradset_seed("cpu", 0, cpu, 3);
+    gradset_seed("cpu-fp16", 1, cpu, 2);
+    gradset_seed("cuda", 0, cuda, 2);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -482,10 +509,10 @@ int main(int argc, char **argv)
         return 2;
     }
     outdir = argv[1];
-    const char *targets[] = {"wire", "handshake", "config"};
+    const char *targets[] = {"wire", "handshake", "config", "gradset"};
     char path[4096];
     mkdir(outdir, 0755);
-    for (size_t i = 0; i < 3; i++) {
+    for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++) {
         snprintf(path, sizeof path, "%s/%s", outdir, targets[i]);
         mkdir(path, 0755);
     }
@@ -500,6 +527,7 @@ int main(int argc, char **argv)
         fail("ranks claiming two wire protocol majors started", -1);
     derived();
     configs();
+    gradsets();
     printf("make_corpus: %d inputs written to %s\n", written, outdir);
     return 0;
 }

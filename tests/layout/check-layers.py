@@ -6,8 +6,15 @@ folders on lower layers only, and no two modules (a .c and its .h are one module
 other, directly or through others. Every quoted include names a path from capi/src (or the public
 "conflux/conflux.h").
 
+Two rules keep the engine's seams (docs/architecture.md "Writing a transport", "The configuration
+path"): no code outside transport/ compares a transport's name (what a transport can do is its
+capabilities, cx_transport_caps), and no code outside base/ reads the environment (every CFX_*
+variable goes through base/config.c and base/test_hooks.c). Comments are not code: they may name
+either.
+
     check-layers.py [SRC_DIR]      exit 0 when the tree keeps the rules, 1 with one line per breach
-    check-layers.py --self-test    proves the check fails on an upward include and on a cycle
+    check-layers.py --self-test    proves the check fails on an upward include, a cycle, a
+                                   transport name compared and a getenv outside base/
 """
 import os
 import shutil
@@ -28,6 +35,13 @@ LAYERS = [
 RANK = {folder: i for i, layer in enumerate(LAYERS) for folder in layer}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 PUBLIC = {"conflux/conflux.h"}
+COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
+GETENV = re.compile(r"\b(?:secure_)?getenv\s*\(")
+# A transport's name in a comparison: strcmp/strncmp/strcasecmp with ops->name among the
+# arguments, or ops->name on either side of == / !=.
+NAME_COMPARED = re.compile(r"\bstr(?:n?case)?n?cmp\s*\([^;]*?\bops\s*->\s*name\b"
+                           r"|\bops\s*->\s*name\s*[=!]="
+                           r"|[=!]=\s*[\w.>-]*\bops\s*->\s*name\b")
 SOURCES = (".c", ".h", ".cu")
 
 
@@ -47,6 +61,16 @@ def check(src):
             deps = graph.setdefault(module, set())
             with open(os.path.join(src, path), encoding="utf-8") as f:
                 text = f.read()
+            code = COMMENT.sub(" ", text)
+            line_of = lambda m: code.count("\n", 0, m.start()) + 1
+            if folder != "base":
+                for m in GETENV.finditer(code):
+                    problems.append(f"{path}:{line_of(m)}: reads the environment (getenv) outside "
+                                    "base/: read the variable in base/config.c or base/test_hooks.c")
+            if folder != "transport":
+                for m in NAME_COMPARED.finditer(code):
+                    problems.append(f"{path}:{line_of(m)}: compares a transport's name: ask its "
+                                    "capabilities (cx_transport_caps, transport/transport.h)")
             for inc in INCLUDE.findall(text):
                 if inc in PUBLIC:
                     continue
@@ -106,15 +130,24 @@ def self_test():
                 f.write(text)
         return d
 
-    good = tree({"base/a.h": "", "base/a.c": '#include "base/a.h"\n',
-                 "exec/x.c": '#include "base/a.h"\n#include "conflux/conflux.h"\n'})
+    good = tree({"base/a.h": "", "base/a.c": '#include "base/a.h"\nconst char *v = getenv("CFX_A");\n',
+                 "exec/x.c": '#include "base/a.h"\n#include "conflux/conflux.h"\n'
+                             '/* not strcmp(t->ops->name, "mpi"), nor getenv("X") */\n'
+                             'int f(cx_transport *t) { return t->ops->caps.prefers_host_shm; }\n'
+                             'const char *n(cx_transport *t) { return t->ops->name; }\n',
+                 "transport/t.c": 'int same(cx_transport *t) { return !strcmp(t->ops->name, "mpi"); }\n'})
+    getenv = tree({"exec/p.c": 'static long size(void) { return atol(getenv("CFX_POOL")); }\n'})
+    named = tree({"engine/c.c": 'bool mpi = strcmp(t->ops->name, "mpi") == 0;\n'})
+    named_eq = tree({"exec/e.c": 'if (x->transport->ops->name == mpi_name) return 1;\n'})
     upward = tree({"base/a.c": '#include "exec/x.h"\n', "exec/x.h": ""})
     cycle = tree({"exec/x.h": '#include "exec/y.h"\n', "exec/y.c": '#include "exec/x.h"\n',
                   "exec/y.h": ""})
     sideways = tree({"observe/t.c": '#include "kernels/r.h"\n', "kernels/r.h": ""})
     stray = tree({"loose.c": ""})
     cases = [(good, None), (upward, "is not below"), (cycle, "include cycle"),
-             (sideways, "is not below"), (stray, "not in a layer folder")]
+             (sideways, "is not below"), (stray, "not in a layer folder"),
+             (getenv, "reads the environment"), (named, "compares a transport's name"),
+             (named_eq, "compares a transport's name")]
     ok = True
     for src, expect in cases:
         got = check(src)

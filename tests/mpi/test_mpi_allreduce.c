@@ -7,7 +7,7 @@
  * Every rank's input is a known function of (rank, tensor, element); the expected result is
  * computed here in double over all ranks and compared exactly where the values are integers small
  * enough to be exact in the dtype, else within a tolerance. Results must be bitwise identical across
- * ranks. Arguments: the ResNet-50 tensor list (tests/data/resnet50.tsv), then optional NAME=VALUE
+ * ranks. Arguments: the ResNet-50 tensor list (bench/workloads/resnet50.tsv), then optional NAME=VALUE
  * environment settings (CFX_SHM=0 runs everything over the MPI data path).
  */
 #include <math.h>

@@ -13,7 +13,7 @@
 set -eu
 notl=$1 build=$2 repeats=${3:-7} steps=${4:-200} np=${5:-2}
 here=$(cd "$(dirname "$0")" && pwd)
-tsv=$here/resnet50.tsv
+tsv=$here/../../bench/workloads/resnet50.tsv
 out=$(mktemp -d)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 \
        OMPI_MCA_hwloc_base_binding_policy=none

@@ -1,6 +1,6 @@
 /*
  * A training-like job for the timeline tests under mpirun: every step allreduces the ResNet-50
- * gradient set (argv[2], tests/observe/resnet50.tsv) in reverse registration order and checks the
+ * gradient set (argv[2], bench/workloads/resnet50.tsv) in reverse registration order and checks the
  * sums. The timeline comes from CFX_TIMELINE (set by run_timeline.py).
  *
  *   observe_timeline run STEPS TSV     STEPS steps, then cfx_shutdown (files get their bracket)

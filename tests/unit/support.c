@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "base/error.h"
 #include "engine/context.h"
 #include "transport/transport_local.h"
 
@@ -80,4 +81,39 @@ cfx_status allreduce_wait(cfx_context *ctx, const char *name, cfx_tensor *t, cfx
     st = cfx_wait(ctx, h, 60);
     cfx_handle_release(ctx, h);
     return st;
+}
+
+void run_world_threads(int n, void *(*fn)(void *), void *jobs, size_t job_size)
+{
+    cx_local_world *w;
+    if (cx_local_world_create(n, &w) != CFX_OK) {
+        fprintf(stderr, "run_world_threads: %s\n", cfx_last_error());
+        abort();
+    }
+    pthread_t *threads = calloc((size_t)n, sizeof *threads);
+    if (!threads)
+        abort();
+    for (int r = 0; r < n; r++) {
+        world_rank *at = (world_rank *)((char *)jobs + (size_t)r * job_size);
+        at->world = w;
+        at->rank = r;
+        pthread_create(&threads[r], NULL, fn, at);
+    }
+    for (int r = 0; r < n; r++)
+        pthread_join(threads[r], NULL);
+    free(threads);
+    cx_local_world_release(w);
+}
+
+cfx_status open_world_rank(const world_rank *at, const cx_config *cfg, cfx_status status,
+                           cfx_context **out, char *msg, size_t len)
+{
+    cx_transport *t = NULL;
+    *out = NULL;
+    if (!status)
+        status = cx_transport_local_create(at->world, at->rank, &t);
+    if (!status)
+        status = cx_context_create(t, cfg, out);
+    snprintf(msg, len, "%s", status ? cx_error_message() : "");
+    return status;
 }

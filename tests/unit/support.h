@@ -20,6 +20,23 @@ typedef int (*rank_fn)(cfx_context *ctx, int rank, int size, void *arg);
  * freed after fn returns. Returns the number of ranks whose fn failed. */
 int run_ranks(int size, rank_fn fn, void *arg, void (*tweak)(cx_config *cfg));
 
+/* The start of a thread rank's job for run_world_threads: which world, which rank. */
+typedef struct world_rank {
+    struct cx_local_world *world;
+    int rank;
+} world_rank;
+
+/* Runs fn on n thread ranks of a fresh local world (transport/transport_local.h); thread r gets
+ * the job at (char *)jobs + r * job_size, whose first member is a world_rank filled in here. For
+ * tests that make each rank's context themselves (each with its own configuration). */
+void run_world_threads(int n, void *(*fn)(void *), void *jobs, size_t job_size);
+
+/* In a run_world_threads job: this rank's context over its world from `cfg` (status = the
+ * configuration's status so far; nothing is made unless it is CFX_OK). Returns the status, with
+ * the failure's message in msg ("" on success). */
+cfx_status open_world_rank(const world_rank *at, const cx_config *cfg, cfx_status status,
+                           struct cfx_context **out, char *msg, size_t len);
+
 /* A 1-D tensor description over `data`. */
 cfx_tensor tensor1d(void *data, int64_t *shape, int64_t n, cfx_dtype dtype);
 

@@ -1,6 +1,10 @@
 /* Unit tests of the configuration: option values that are not finite are refused naming the
  * field (through cfx_init as a caller sees it, and the loader), CFX_* values that would overflow,
- * the test-only wire version, and the loader's lookup hook with the options' precedence. */
+ * the test-only wire version, the loader's lookup hook with the options' precedence, the
+ * variables once read elsewhere (gradient-set buckets with size suffixes, compression everywhere,
+ * the shared pool) and the CFX_TEST_* hooks, malformed values refused naming the variable and the
+ * value; across thread ranks, rank 0's bucket size adopted and a difference in
+ * CFX_COMPRESSION_EVERYWHERE failing every rank's init naming both ranks and values. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -11,8 +15,14 @@
 
 #include <cmocka.h>
 
+#include <pthread.h>
+#include <stdlib.h>
+
 #include "base/config.h"
 #include "base/error.h"
+#include "engine/context.h"
+#include "support.h"
+#include "transport/transport_local.h"
 
 /* CFX_* variables from a NULL-terminated list of "NAME=VALUE" strings. */
 static const char *from_list(const char *name, void *user)
@@ -84,11 +94,11 @@ static void test_wire_version(void **state)
     (void)state;
     cx_config cfg;
     assert_int_equal(load(&cfg, NULL, no_vars), CFX_OK);
-    assert_int_equal(cfg.test_wire_major, -1);
+    assert_int_equal(cfg.test.wire_major, -1);
     const char *ok[] = {"CFX_TEST_WIRE_VERSION=2.17", NULL};
     assert_int_equal(load(&cfg, NULL, ok), CFX_OK);
-    assert_int_equal(cfg.test_wire_major, 2);
-    assert_int_equal(cfg.test_wire_minor, 17);
+    assert_int_equal(cfg.test.wire_major, 2);
+    assert_int_equal(cfg.test.wire_minor, 17);
     const char *bad[] = {"2", "2.", ".1", "x.1", "1.2.3", "65536.0", "1.99999999999", "-1.0", " 1.0"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char var[64];
@@ -116,6 +126,149 @@ static void lookup_and_precedence(void **state)
     assert_int_equal(cfg.chunk_bytes, 65536);
 }
 
+/* Every malformed value fails the load with CFX_ERR_CONFIG naming the variable and the value. */
+static void malformed_values_name_variable_and_value(void **state)
+{
+    (void)state;
+    const char *bad[] = {
+        "CFX_GRADSET_BUCKET_BYTES=12x", "CFX_GRADSET_BUCKET_BYTES=-5", "CFX_GRADSET_BUCKET_BYTES=0",
+        "CFX_GRADSET_BUCKET_BYTES=4Q", "CFX_COMPRESSION_EVERYWHERE=2",
+        "CFX_COMPRESSION_EVERYWHERE=maybe", "CFX_TEST_FAIL=x:pre", "CFX_TEST_FAIL=64:pre",
+        "CFX_TEST_FAIL=1:pre:later", "CFX_TEST_FAIL=1", "CFX_TEST_FAIL=1:", "CFX_TEST_LOCAL_SIZE=two",
+        "CFX_TEST_LOCAL_SIZE=-1", "CFX_TEST_DIRECT_MAP_FAIL=64", "CFX_TEST_DIRECT_MAP_FAIL=1x",
+        "CFX_TEST_DEVICE_PATH=cuda"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *vars[] = {bad[i], NULL};
+        cx_config cfg;
+        char name[64];
+        const char *eq = strchr(bad[i], '=');
+        snprintf(name, sizeof name, "%.*s", (int)(eq - bad[i]), bad[i]);
+        cfx_status st = load(&cfg, NULL, vars);
+        if (st != CFX_ERR_CONFIG || !strstr(cx_error_message(), name) ||
+            !strstr(cx_error_message(), eq + 1))
+            fail_msg("%s: status %d, message \"%s\"; want CFX_ERR_CONFIG naming %s and %s", bad[i],
+                     (int)st, cx_error_message(), name, eq + 1);
+    }
+}
+
+static void sizes_booleans_and_hooks_parsed(void **state)
+{
+    (void)state;
+    cx_config cfg;
+    assert_int_equal(load(&cfg, NULL, no_vars), CFX_OK);
+    assert_true(cfg.gradset_bucket_bytes == 64ll << 20); /* the documented default */
+    assert_int_equal(cfg.compression_everywhere, 0);
+    assert_true(cfg.test.local_size == 0 && cfg.test.direct_map_fail == 0 &&
+                cfg.test.device_path[0] == '\0' && cfg.test.fail.prefix[0] == '\0');
+    const struct {
+        const char *var;
+        int64_t bytes;
+    } sizes[] = {{"CFX_GRADSET_BUCKET_BYTES=1000", 1000}, {"CFX_GRADSET_BUCKET_BYTES=16M", 16 << 20},
+                 {"CFX_GRADSET_BUCKET_BYTES=4KiB", 4096}, {"CFX_GRADSET_BUCKET_BYTES=1g", 1 << 30},
+                 {"CFX_GRADSET_BUCKET_BYTES=2MB", 2 << 20}};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        const char *vars[] = {sizes[i].var, NULL};
+        assert_int_equal(load(&cfg, NULL, vars), CFX_OK);
+        assert_true(cfg.gradset_bucket_bytes == sizes[i].bytes);
+    }
+    const char *hooks[] = {"CFX_COMPRESSION_EVERYWHERE=yes", "CFX_TEST_FAIL=1,3:ab.:done",
+                           "CFX_TEST_LOCAL_SIZE=2", "CFX_TEST_DIRECT_MAP_FAIL=1",
+                           "CFX_TEST_DEVICE_PATH=staged", NULL};
+    assert_int_equal(load(&cfg, NULL, hooks), CFX_OK);
+    assert_int_equal(cfg.compression_everywhere, 1);
+    assert_true(cfg.test.fail.ranks == ((1u << 1) | (1u << 3)));
+    assert_int_equal(cfg.test.fail.phase, 2);
+    assert_string_equal(cfg.test.fail.prefix, "ab.");
+    assert_int_equal(cfg.test.local_size, 2);
+    assert_true(cfg.test.direct_map_fail == 1u << 1);
+    assert_string_equal(cfg.test.device_path, "staged");
+    const char *ready[] = {"CFX_TEST_FAIL=0:x", NULL};
+    assert_int_equal(load(&cfg, NULL, ready), CFX_OK);
+    assert_true(cfg.test.fail.ranks == 1 && cfg.test.fail.phase == 1);
+}
+
+/* CFX_SHARED_POOL_BYTES is read before any context exists (cx_config_env_bytes). */
+static void process_wide_bytes(void **state)
+{
+    (void)state;
+    int64_t v = 7;
+    unsetenv("CFX_TEST_ENV_BYTES");
+    assert_int_equal(cx_config_env_bytes("CFX_TEST_ENV_BYTES", 4096, &v), CFX_OK);
+    assert_true(v == 7); /* unset: untouched */
+    setenv("CFX_TEST_ENV_BYTES", "8K", 1);
+    assert_int_equal(cx_config_env_bytes("CFX_TEST_ENV_BYTES", 4096, &v), CFX_OK);
+    assert_true(v == 8192);
+    setenv("CFX_TEST_ENV_BYTES", "100", 1);
+    assert_int_equal(cx_config_env_bytes("CFX_TEST_ENV_BYTES", 4096, &v), CFX_ERR_CONFIG);
+    assert_non_null(strstr(cx_error_message(), "CFX_TEST_ENV_BYTES=\"100\""));
+    setenv("CFX_TEST_ENV_BYTES", "1T", 1);
+    assert_int_equal(cx_config_env_bytes("CFX_TEST_ENV_BYTES", 4096, &v), CFX_ERR_CONFIG);
+    assert_non_null(strstr(cx_error_message(), "CFX_TEST_ENV_BYTES"));
+    unsetenv("CFX_TEST_ENV_BYTES");
+}
+
+/* ---- across thread ranks: what init agrees ---- */
+
+#define RANKS 3
+
+typedef struct rank_job {
+    world_rank at;       /* first: run_world_threads fills it */
+    const char *vars[3]; /* this rank's CFX_* variables */
+    cfx_status status;
+    int64_t bucket_bytes; /* the context's, after init */
+    char message[CX_ERROR_MAX];
+} rank_job;
+
+static void *rank_init(void *p)
+{
+    rank_job *j = p;
+    cx_config cfg;
+    cfx_context *ctx = NULL;
+    j->status = open_world_rank(&j->at, &cfg, load(&cfg, NULL, j->vars), &ctx, j->message,
+                                sizeof j->message);
+    if (ctx) {
+        j->bucket_bytes = ctx->cfg.gradset_bucket_bytes;
+        cfx_shutdown(ctx);
+        cfx_context_free(ctx);
+    }
+    return NULL;
+}
+
+static void run_jobs(rank_job *jobs) { run_world_threads(RANKS, rank_init, jobs, sizeof *jobs); }
+
+static void compression_everywhere_must_agree(void **state)
+{
+    (void)state;
+    rank_job jobs[RANKS] = {{.vars = {NULL}}, {.vars = {NULL}},
+                            {.vars = {"CFX_COMPRESSION_EVERYWHERE=1", NULL}}};
+    run_jobs(jobs);
+    for (int r = 0; r < RANKS; r++) {
+        if (jobs[r].status != CFX_ERR_CONFIG ||
+            !strstr(jobs[r].message, "CFX_COMPRESSION_EVERYWHERE") ||
+            !strstr(jobs[r].message, "rank 0 has 0") || !strstr(jobs[r].message, "rank 2 has 1"))
+            fail_msg("rank %d: status %d, \"%s\"; want CFX_ERR_CONFIG naming the variable, rank 0 "
+                     "with 0 and rank 2 with 1", r, (int)jobs[r].status, jobs[r].message);
+    }
+    rank_job same[RANKS] = {{.vars = {"CFX_COMPRESSION_EVERYWHERE=1", NULL}},
+                            {.vars = {"CFX_COMPRESSION_EVERYWHERE=on", NULL}},
+                            {.vars = {"CFX_COMPRESSION_EVERYWHERE=yes", NULL}}};
+    run_jobs(same);
+    for (int r = 0; r < RANKS; r++)
+        assert_int_equal(same[r].status, CFX_OK);
+}
+
+static void bucket_bytes_from_rank_0(void **state)
+{
+    (void)state;
+    rank_job jobs[RANKS] = {{.vars = {"CFX_GRADSET_BUCKET_BYTES=8M", NULL}},
+                            {.vars = {"CFX_GRADSET_BUCKET_BYTES=1M", NULL}}, {.vars = {NULL}}};
+    run_jobs(jobs);
+    for (int r = 0; r < RANKS; r++) {
+        assert_int_equal(jobs[r].status, CFX_OK);
+        assert_true(jobs[r].bucket_bytes == 8 << 20);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -123,6 +276,11 @@ int main(void)
         cmocka_unit_test(overflowing_variables_refused),
         cmocka_unit_test(test_wire_version),
         cmocka_unit_test(lookup_and_precedence),
+        cmocka_unit_test(malformed_values_name_variable_and_value),
+        cmocka_unit_test(sizes_booleans_and_hooks_parsed),
+        cmocka_unit_test(process_wide_bytes),
+        cmocka_unit_test(compression_everywhere_must_agree),
+        cmocka_unit_test(bucket_bytes_from_rank_0),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,13 +14,13 @@
 #include "base/error.h"
 #include "engine/context.h"
 #include "protocol/handshake.h"
+#include "support.h"
 #include "transport/transport_local.h"
 
 #define MAX_RANKS 8
 
 typedef struct job {
-    cx_local_world *world;
-    int rank;
+    world_rank at; /* first: run_world_threads fills it */
     int major, minor; /* the claim; -1 = the build's own */
     const char *log_file;
     cfx_status status;
@@ -31,18 +31,13 @@ static void *rank_main(void *p)
 {
     job *j = p;
     cx_config cfg;
-    cx_transport *t;
     cfx_context *ctx = NULL;
-    j->status = cx_config_load(&cfg, NULL);
-    cfg.test_wire_major = j->major;
-    cfg.test_wire_minor = j->minor;
+    cfx_status st = cx_config_load(&cfg, NULL);
+    cfg.test.wire_major = j->major;
+    cfg.test.wire_minor = j->minor;
     if (j->log_file)
         snprintf(cfg.log_file, sizeof cfg.log_file, "%s", j->log_file);
-    if (!j->status)
-        j->status = cx_transport_local_create(j->world, j->rank, &t);
-    if (!j->status)
-        j->status = cx_context_create(t, &cfg, &ctx);
-    snprintf(j->message, sizeof j->message, "%s", j->status ? cx_error_message() : "");
+    j->status = open_world_rank(&j->at, &cfg, st, &ctx, j->message, sizeof j->message);
     if (ctx) {
         cfx_shutdown(ctx);
         cfx_context_free(ctx);
@@ -54,17 +49,10 @@ static void *rank_main(void *p)
 static void run_claims(int n, const int *majors, const int *minors, const char *log_file,
                        job *jobs)
 {
-    cx_local_world *w;
-    assert_int_equal(cx_local_world_create(n, &w), CFX_OK);
-    pthread_t threads[MAX_RANKS];
-    for (int r = 0; r < n; r++) {
-        jobs[r] = (job){.world = w, .rank = r, .major = majors[r], .minor = minors[r],
-                        .log_file = r == 0 ? log_file : NULL};
-        pthread_create(&threads[r], NULL, rank_main, &jobs[r]);
-    }
     for (int r = 0; r < n; r++)
-        pthread_join(threads[r], NULL);
-    cx_local_world_release(w);
+        jobs[r] = (job){.major = majors[r], .minor = minors[r],
+                        .log_file = r == 0 ? log_file : NULL};
+    run_world_threads(n, rank_main, jobs, sizeof *jobs);
 }
 
 static void same_versions_start(void **state)
@@ -124,7 +112,7 @@ static void other_minor_goes_on_with_a_line(void **state)
 
 static cx_hello hello(int major, int minor)
 {
-    cx_config cfg = {.test_wire_major = major, .test_wire_minor = minor};
+    cx_config cfg = {.test.wire_major = major, .test.wire_minor = minor};
     cx_hello h;
     cx_hello_self(&cfg, &h);
     return h;

@@ -9,6 +9,7 @@
 
 #include <cmocka.h>
 
+#include "protocol/gradset_wire.h"
 #include "protocol/wire.h"
 
 static cx_request sample_request(int i)
@@ -137,9 +138,54 @@ static void shape_helpers(void **state)
     assert_string_equal(cx_shape_format(0, shape, buf, sizeof buf), "[]");
 }
 
+/* A gradient set's registration, byte for byte as written out here (little-endian whatever the
+ * host), and decoded back; a byte short or over is refused. */
+static void gradset_registration_little_endian(void **state)
+{
+    (void)state;
+    const cx_gradset_reg g = {"ab", 2, CFX_FLOAT32, CFX_DEVICE_CPU, 2, {3, 0x0102030405ll}};
+    const uint8_t want[] = {
+        1, 0, 0, 0,                  /* count */
+        2, 0, 0, 0,                  /* compression */
+        2, 0, 0, 0, 'a', 'b',        /* name */
+        (uint8_t)CFX_FLOAT32, 0, 0, 0, /* dtype */
+        0xff, 0xff, 0xff, 0xff,      /* device kind: CPU (-1) */
+        2, 0, 0, 0,                  /* ndim */
+        3, 0, 0, 0, 0, 0, 0, 0,      /* extents */
+        0x05, 0x04, 0x03, 0x02, 0x01, 0, 0, 0};
+    uint8_t buf[sizeof want];
+    size_t len = 0;
+    cx_gradset_wire_header(NULL, &len, 1, 2);
+    cx_gradset_wire_grad(NULL, &len, &g);
+    assert_int_equal(len, sizeof want);
+    len = 0;
+    cx_gradset_wire_header(buf, &len, 1, 2);
+    cx_gradset_wire_grad(buf, &len, &g);
+    assert_memory_equal(buf, want, sizeof want);
+    cx_gradset_reg *out = NULL;
+    uint32_t count = 0, compression = 0;
+    assert_true(cx_gradset_wire_decode(want, sizeof want, &out, &count, &compression));
+    assert_int_equal(count, 1);
+    assert_int_equal(compression, 2);
+    assert_int_equal(out[0].name_len, 2);
+    assert_memory_equal(out[0].name, "ab", 2);
+    assert_int_equal(out[0].dtype, CFX_FLOAT32);
+    assert_int_equal(out[0].device, CFX_DEVICE_CPU);
+    assert_int_equal(out[0].ndim, 2);
+    assert_true(out[0].shape[0] == 3 && out[0].shape[1] == 0x0102030405ll);
+    free(out);
+    assert_false(cx_gradset_wire_decode(want, sizeof want - 1, &out, &count, &compression));
+    assert_null(out);
+    uint8_t longer[sizeof want + 1];
+    memcpy(longer, want, sizeof want);
+    longer[sizeof want] = 0;
+    assert_false(cx_gradset_wire_decode(longer, sizeof longer, &out, &count, &compression));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(gradset_registration_little_endian),
         cmocka_unit_test(request_roundtrip),
         cmocka_unit_test(response_roundtrip),
         cmocka_unit_test(shape_helpers),

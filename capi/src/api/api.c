@@ -11,6 +11,7 @@
 #include "base/config.h"
 #include "base/clock.h"
 #include "engine/context.h"
+#include "engine/subset.h"
 #include "base/dtype.h"
 #include "kernels/dot.h"
 #include "base/error.h"
@@ -85,7 +86,7 @@ static cfx_status create_transport(const cx_config *cfg, cx_transport **out)
     int kind = cfg->transport;
 #if CFX_HAVE_MPI
     if (kind == CFX_TRANSPORT_AUTO || kind == CFX_TRANSPORT_MPI)
-        return cx_transport_mpi_create(out);
+        return cx_transport_mpi_create(cfg->test.local_size, out);
 #else
     if (kind == CFX_TRANSPORT_MPI)
         return cx_fail(CFX_ERR_UNSUPPORTED, "cfx_init: this build of Conflux has no MPI transport "
@@ -368,49 +369,6 @@ static cfx_status submit(cfx_context *ctx, cx_entry **entries, size_t n, size_t 
 
 /* ---- subset contexts ------------------------------------------------------------------------ */
 
-static int cmp_int(const void *a, const void *b)
-{
-    int x = *(const int *)a, y = *(const int *)b;
-    return (x > y) - (x < y);
-}
-
-/* One rank's list as gathered: n, then up to size ranks (n < 0: NULL or too long). Writes the
- * sorted members to sorted[] and returns 0, or names the first problem in why. */
-static int read_subset(const int32_t *row, int size, int from, int *sorted, size_t *n, char *why,
-                       size_t why_len)
-{
-    if (row[0] < 1) {
-        snprintf(why, why_len, "rank %d passed %s", from,
-                 row[0] == 0 ? "an empty list" : row[0] == -1 ? "no list (NULL)"
-                                                : "more ranks than the context has");
-        return -1;
-    }
-    *n = (size_t)row[0];
-    for (size_t i = 0; i < *n; i++) {
-        sorted[i] = row[1 + i];
-        if (sorted[i] < 0 || sorted[i] >= size) {
-            snprintf(why, why_len, "rank %d listed rank %d, outside the context's %d ranks", from,
-                     sorted[i], size);
-            return -1;
-        }
-    }
-    qsort(sorted, *n, sizeof *sorted, cmp_int);
-    for (size_t i = 1; i < *n; i++)
-        if (sorted[i] == sorted[i - 1]) {
-            snprintf(why, why_len, "rank %d listed rank %d twice", from, sorted[i]);
-            return -1;
-        }
-    return 0;
-}
-
-static void format_ranks(const int *r, size_t n, char *buf, size_t len)
-{
-    size_t used = (size_t)snprintf(buf, len, "[");
-    for (size_t i = 0; i < n && used + 16 < len; i++)
-        used += (size_t)snprintf(buf + used, len - used, "%s%d", i ? ", " : "", r[i]);
-    snprintf(buf + used, len - used, "%s]", used + 16 >= len ? ", ..." : "");
-}
-
 cfx_status cfx_context_create_subset(cfx_context *ctx, const int *ranks, size_t n,
                                      cfx_context **out)
 {
@@ -419,18 +377,17 @@ cfx_status cfx_context_create_subset(cfx_context *ctx, const int *ranks, size_t 
     if (st)
         return st;
     *out = NULL;
-    /* Every rank's list goes to every rank first, so a bad list fails everywhere alike. */
+    /* Every rank's list goes to every rank first, so a bad list fails everywhere alike
+     * (engine/subset.h). */
     int size = ctx->size;
-    size_t row = (size_t)size + 1;
+    size_t row = cx_subset_row(size);
     int32_t *mine = calloc(row, sizeof *mine), *all = calloc(row * (size_t)size, sizeof *all);
     int *sorted = calloc(row * 2, sizeof *sorted);
     if (!mine || !all || !sorted) {
         free(mine), free(all), free(sorted);
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
     }
-    mine[0] = !ranks ? -1 : n > (size_t)size ? -2 : (int32_t)n;
-    for (size_t i = 0; mine[0] > 0 && i < n; i++)
-        mine[1 + i] = ranks[i];
+    cx_subset_encode(ranks, n, size, mine);
     int64_t shape[2] = {1, (int64_t)row};
     cfx_tensor t = {mine, shape, 2, CFX_INT32, CFX_DEVICE_CPU, NULL};
     cfx_handle h = 0;
@@ -441,20 +398,9 @@ cfx_status cfx_context_create_subset(cfx_context *ctx, const int *ranks, size_t 
         st = cfx_handle_output_copy(ctx, h, 0, all, row * (size_t)size * sizeof *all);
     if (h)
         cfx_handle_release(ctx, h);
-    size_t n0 = 0, nr = 0;
-    char why[256] = "";
-    for (int r = 0; r < size && !st; r++) {
-        int *list = r ? sorted + row : sorted;
-        if (read_subset(all + (size_t)r * row, size, r, list, r ? &nr : &n0, why, sizeof why)) {
-            st = cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: %s", fn, why);
-        } else if (r && (nr != n0 || memcmp(list, sorted, n0 * sizeof *list) != 0)) {
-            char a[96], b[96];
-            format_ranks(sorted, n0, a, sizeof a);
-            format_ranks(list, nr, b, sizeof b);
-            st = cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: the ranks disagree on the subset: rank 0 "
-                         "passed %s, rank %d passed %s", fn, a, r, b);
-        }
-    }
+    size_t n0 = 0;
+    if (!st)
+        st = cx_subset_decide(fn, all, size, sorted, &n0);
     if (!st)
         st = cx_context_create_subset(ctx, sorted, n0, out);
     free(mine), free(all), free(sorted);
@@ -616,7 +562,7 @@ cfx_status cfx_allreduce_async_opts(cfx_context *ctx, const char *name, const cf
         return cx_fail(CFX_ERR_VERSION, "%s: options version %u is not known to this library "
                        "(fill them with cfx_allreduce_options_init)", fn, o->version);
     uint8_t wire;
-    cfx_status st = cx_compression_wire(fn, o->compression, &wire);
+    cfx_status st = cx_compression_wire(fn, o->compression, ctx && ctx->cfg.compression_everywhere, &wire);
     if (st)
         return st;
     void *outputs[1] = {output};

@@ -25,13 +25,9 @@
 #include "engine/gradset.h"
 #include "exec/shared_pool.h"
 #include "kernels/compress.h"
+#include "protocol/gradset_wire.h"
 #include "protocol/wire.h"
 
-/* Default bucket size, 64 MiB (Horovod's fusion threshold). Measured at 2 ranks (ResNet-50, VGG-16,
- * BERT-base, every gradient ready at once), 8 and 16 MiB buckets cost more batches (an agreement and
- * a direct-path pass each) than they gave back; smaller buckets overlap more with a slow backward.
- * CFX_GRADSET_BUCKET_BYTES or the options' bucket_bytes choose another. */
-#define DEFAULT_BUCKET_BYTES (64ll << 20)
 #define NAME_MAX_BYTES 4096
 
 cfx_status cfx_gradset_options_init(cfx_gradset_options *opts, uint32_t version)
@@ -57,24 +53,13 @@ cfx_status cfx_gradset_options_init(cfx_gradset_options *opts, uint32_t version)
     return CFX_OK;
 }
 
-static int64_t default_bucket_bytes(void)
-{
-    const char *v = getenv("CFX_GRADSET_BUCKET_BYTES");
-    if (v && *v) {
-        char *end;
-        long long n = strtoll(v, &end, 10);
-        if (*end == '\0' && n > 0)
-            return n;
-    }
-    return DEFAULT_BUCKET_BYTES;
-}
-
-static cfx_status check_options(const cfx_gradset_options *o, uint8_t *wire)
+/* `everywhere`: CFX_COMPRESSION_EVERYWHERE, agreed at init. */
+static cfx_status check_options(const cfx_gradset_options *o, bool everywhere, uint8_t *wire)
 {
     const char *fn = "cfx_gradset_create";
     *wire = CFX_COMPRESSION_NONE;
     if (o->version >= 2) {
-        cfx_status st = cx_compression_wire(fn, o->compression, wire);
+        cfx_status st = cx_compression_wire(fn, o->compression, everywhere, wire);
         if (st)
             return st;
         if (o->error_feedback != 0 && o->error_feedback != 1)
@@ -116,7 +101,7 @@ cfx_status cfx_gradset_create(cfx_context *ctx, const char *name, const cfx_grad
     cfx_gradset_options_init(&defaults, CFX_GRADSET_OPTIONS_VERSION);
     const cfx_gradset_options *o = opts ? opts : &defaults;
     uint8_t wire;
-    cfx_status st = check_options(o, &wire);
+    cfx_status st = check_options(o, ctx->cfg.compression_everywhere, &wire);
     if (st)
         return st;
     if (!atomic_load(&ctx->running))
@@ -136,7 +121,7 @@ cfx_status cfx_gradset_create(cfx_context *ctx, const char *name, const cfx_grad
     s->op = o->op;
     s->prescale = o->prescale;
     s->postscale = o->postscale;
-    s->bucket_bytes = o->bucket_bytes ? o->bucket_bytes : default_bucket_bytes();
+    s->bucket_bytes = o->bucket_bytes ? o->bucket_bytes : ctx->cfg.gradset_bucket_bytes;
     s->owned = o->owned;
     s->accumulate_steps = o->accumulate_steps;
     s->compression = wire;
@@ -238,89 +223,23 @@ cfx_status cfx_gradset_add(cfx_gradset *set, const char *name, const cfx_tensor 
     return CFX_OK;
 }
 
-/* ---- the registration on the wire ------------------------------------------------------------
- * u32 count, u32 compression (the set's wire value), then per gradient: u32 name length, name bytes, i32 dtype, i32 device kind
- * (-1 CPU, 0 CUDA: ordinals may differ between ranks), i32 ndim, ndim x i64 extents. */
+/* ---- the registration on the wire (protocol/gradset_wire.h) ------------------------------------ */
 
-typedef struct reg_writer {
-    uint8_t *buf;
-    size_t len;
-} reg_writer;
+typedef cx_gradset_reg reg_grad;
 
-static void put(reg_writer *w, const void *p, size_t n)
+/* Writes the set's registration into buf (NULL: measures) and returns its length. */
+static size_t encode_registration(const cfx_gradset *s, uint8_t *buf)
 {
-    if (w->buf)
-        memcpy(w->buf + w->len, p, n);
-    w->len += n;
-}
-
-static void encode_registration(const cfx_gradset *s, reg_writer *w)
-{
-    uint32_t count = (uint32_t)s->ngrads, compression = s->compression;
-    put(w, &count, 4);
-    put(w, &compression, 4);
+    size_t len = 0;
+    cx_gradset_wire_header(buf, &len, (uint32_t)s->ngrads, s->compression);
     for (int32_t i = 0; i < s->ngrads; i++) {
         const cx_grad *g = &s->grads[i];
-        uint32_t len = (uint32_t)strlen(g->name);
-        int32_t kind = g->device == CFX_DEVICE_CPU ? CFX_DEVICE_CPU : 0;
-        put(w, &len, 4);
-        put(w, g->name, len);
-        put(w, &g->dtype, 4);
-        put(w, &kind, 4);
-        put(w, &g->ndim, 4);
-        put(w, g->shape, 8 * (size_t)g->ndim);
+        reg_grad r = {g->name, (uint32_t)strlen(g->name), g->dtype,
+                      g->device == CFX_DEVICE_CPU ? CFX_DEVICE_CPU : 0, g->ndim, {0}};
+        memcpy(r.shape, g->shape, sizeof(int64_t) * (size_t)g->ndim);
+        cx_gradset_wire_grad(buf, &len, &r);
     }
-}
-
-/* One rank's registration, decoded (names point into the gathered bytes, not terminated). */
-typedef struct reg_grad {
-    const char *name;
-    uint32_t name_len;
-    int32_t dtype, device, ndim;
-    int64_t shape[CFX_MAX_NDIM];
-} reg_grad;
-
-typedef struct reg_reader {
-    const uint8_t *p, *end;
-} reg_reader;
-
-static bool take(reg_reader *r, void *out, size_t n)
-{
-    if ((size_t)(r->end - r->p) < n)
-        return false;
-    memcpy(out, r->p, n);
-    r->p += n;
-    return true;
-}
-
-/* Decodes rank `rank`'s bytes into *out (malloc'ed, *count entries); false when malformed. */
-static bool decode_registration(const uint8_t *bytes, size_t len, reg_grad **out, uint32_t *count,
-                                uint32_t *compression)
-{
-    reg_reader r = {bytes, bytes + len};
-    *out = NULL;
-    if (!take(&r, count, 4) || !take(&r, compression, 4) || *count > len / 16)
-        return false;
-    reg_grad *g = calloc(*count ? *count : 1, sizeof *g);
-    if (!g)
-        return false;
-    for (uint32_t i = 0; i < *count; i++) {
-        if (!take(&r, &g[i].name_len, 4) || (size_t)(r.end - r.p) < g[i].name_len)
-            goto bad;
-        g[i].name = (const char *)r.p;
-        r.p += g[i].name_len;
-        if (!take(&r, &g[i].dtype, 4) || !take(&r, &g[i].device, 4) || !take(&r, &g[i].ndim, 4) ||
-            g[i].ndim < 0 || g[i].ndim > CFX_MAX_NDIM ||
-            !take(&r, g[i].shape, 8 * (size_t)g[i].ndim))
-            goto bad;
-    }
-    if (r.p != r.end)
-        goto bad;
-    *out = g;
-    return true;
-bad:
-    free(g);
-    return false;
+    return len;
 }
 
 static void describe(const reg_grad *g, char *buf, size_t size)
@@ -601,13 +520,11 @@ cfx_status cfx_gradset_commit(cfx_gradset *set)
     if (st)
         return st;
     int size = set->ctx->size;
-    reg_writer w = {NULL, 0};
-    encode_registration(set, &w); /* measure */
-    if (!(w.buf = malloc(w.len)))
+    size_t len = encode_registration(set, NULL); /* measure */
+    uint8_t *mine = malloc(len);
+    if (!mine)
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for gradient set '%s'", set->name);
-    size_t len = w.len;
-    w.len = 0;
-    encode_registration(set, &w);
+    encode_registration(set, mine);
     int64_t *lens = calloc((size_t)size, sizeof *lens);
     uint32_t *counts = calloc((size_t)size, sizeof *counts);
     reg_grad **regs = calloc((size_t)size, sizeof *regs);
@@ -615,11 +532,11 @@ cfx_status cfx_gradset_commit(cfx_gradset *set)
     if (!lens || !counts || !regs)
         st = cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for gradient set '%s'", set->name);
     if (!st)
-        st = gather_registrations(set, w.buf, len, &all, lens);
+        st = gather_registrations(set, mine, len, &all, lens);
     size_t off = 0;
     uint32_t comp0 = 0, comp = 0;
     for (int r = 0; r < size && !st; r++) {
-        if (lens[r] < 0 || !decode_registration((const uint8_t *)all + off, (size_t)lens[r],
+        if (lens[r] < 0 || !cx_gradset_wire_decode((const uint8_t *)all + off, (size_t)lens[r],
                                                 &regs[r], &counts[r], &comp))
             st = cx_fail(CFX_ERR_TRANSPORT, "cfx_gradset_commit: gradient set '%s': rank %d sent "
                          "a malformed registration (%lld bytes)", set->name, r, (long long)lens[r]);
@@ -652,7 +569,7 @@ cfx_status cfx_gradset_commit(cfx_gradset *set)
     free(counts);
     free(lens);
     free(all);
-    free(w.buf);
+    free(mine);
     return st ? cx_fail(st, "%s", msg) : CFX_OK;
 }
 

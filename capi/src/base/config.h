@@ -2,15 +2,23 @@
  * config - the engine's settings: defaults, then CFX_* environment variables, then the fields the
  * caller set in cfx_init_options. A malformed variable or value is an error naming it.
  *
+ * This is the engine's one configuration path: every CFX_* variable is read here (the CFX_TEST_*
+ * hooks through test_hooks.h), validated, and handed to the modules as fields; no other module
+ * calls getenv (tests/layout/check-layers.py enforces it).
+ *
  * Settings that decide the shape of the work (fusion threshold, chunk size, cache capacity,
- * deterministic mode, cycle time, stall deadlines) must agree across ranks: context init
- * broadcasts rank 0's values (cx_config_agreed) and every rank uses those.
+ * deterministic mode, cycle time, stall deadlines, gradient-set buckets) must agree across ranks:
+ * context init broadcasts rank 0's values (cx_config_agreed) and every rank uses those. Settings a
+ * rank cannot simply adopt from rank 0 because they change what its callers asked for
+ * (CFX_COMPRESSION_EVERYWHERE) must already be equal: a difference fails init on every rank with
+ * CFX_ERR_CONFIG naming the variable, both values and the ranks (engine/context.c).
  */
 #ifndef CFX_CONFIG_H
 #define CFX_CONFIG_H
 
 #include <stdint.h>
 
+#include "base/test_hooks.h"
 #include "conflux/conflux.h"
 
 #define CX_PATH_MAX 1024
@@ -41,18 +49,24 @@ typedef struct cx_config {
     int32_t wait_runs_cycles;    /* CFX_WAIT_RUNS_CYCLES: a waiting thread runs the cycles (loop.h) */
     double autotune_window_s;    /* CFX_AUTOTUNE_WINDOW_S */
     char autotune_log[CX_PATH_MAX]; /* CFX_AUTOTUNE_LOG: "" = none */
-    /* CFX_TEST_WIRE_VERSION: the wire protocol this rank claims in the handshake (tests only);
-     * -1 = this build's own. */
-    int32_t test_wire_major, test_wire_minor;
+    int64_t gradset_bucket_bytes; /* CFX_GRADSET_BUCKET_BYTES: a gradient set's buckets when its
+                                     options leave bucket_bytes 0 */
+    int32_t compression_everywhere; /* CFX_COMPRESSION_EVERYWHERE: fp16/bf16 compress every leg */
+    cx_test_hooks test;          /* CFX_TEST_* (tests only) */
 } cx_config;
 
 /* Parses a byte count for variable `var`: "123", "64K", "64KiB", "16M", "1G" (binary multiples).
  * CFX_ERR_CONFIG naming the variable and the text when malformed. */
 cfx_status cx_parse_bytes(const char *var, const char *text, int64_t *out);
 
+/* A byte count from the environment variable `var` (cx_parse_bytes), for the process-wide
+ * settings read before any context exists (CFX_SHARED_POOL_BYTES, exec/shared_pool.c): *out is
+ * left as it is when the variable is unset or empty, and a value below `min` is CFX_ERR_CONFIG. */
+cfx_status cx_config_env_bytes(const char *var, int64_t min, int64_t *out);
+
 /* The fields every rank must share (broadcast from rank 0 at init). */
 typedef struct cx_config_agreed {
-    int64_t fusion_threshold, chunk_bytes, cache_capacity;
+    int64_t fusion_threshold, chunk_bytes, cache_capacity, gradset_bucket_bytes;
     double cycle_time_ms, stall_warning_s, stall_timeout_s;
     int32_t deterministic, shm, hierarchical, pad;
 } cx_config_agreed;
@@ -60,9 +74,9 @@ typedef struct cx_config_agreed {
 /* Fills *cfg from defaults, the environment and `opts` (may be NULL). */
 cfx_status cx_config_load(cx_config *cfg, const cfx_init_options *opts);
 
-/* The same, with CFX_* variables read through `lookup` (NULL or "" = unset) instead of getenv:
- * for tests and the fuzzer, which must not touch the process environment. */
-typedef const char *(*cx_config_lookup)(const char *name, void *user);
+/* The same, with CFX_* variables read through `lookup` (NULL or "" = unset; the type is in
+ * test_hooks.h) instead of getenv: for tests and the fuzzer, which must not touch the process
+ * environment. */
 cfx_status cx_config_load_from(cx_config *cfg, const cfx_init_options *opts,
                                cx_config_lookup lookup, void *user);
 

@@ -1,6 +1,7 @@
 /* context - lifetime of a cfx_context (see context.h). */
 #include "engine/context.h"
 
+#include <ctype.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
@@ -12,7 +13,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "exec/execute.h"
-#include "exec/shm.h"
+#include "exec/shm_layer.h"
 #include "observe/timeline.h"
 #include "protocol/handshake.h"
 
@@ -165,66 +166,23 @@ static cfx_status agree_config(cfx_context *ctx)
     return CFX_OK;
 }
 
-/* Whether every host has the same number of ranks (the two-level path needs equal blocks). */
-static cfx_status homogeneous(cx_transport *t, bool *out)
-{
-    int n = t->size;
-    int32_t mine = t->local_size, *all = malloc(sizeof *all * (size_t)n);
-    size_t *bytes = malloc(sizeof *bytes * (size_t)n), *displs = malloc(sizeof *displs * (size_t)n);
-    cfx_status st = (all && bytes && displs) ? CFX_OK
-                                             : cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory");
-    for (int r = 0; !st && r < n; r++) {
-        bytes[r] = sizeof mine;
-        displs[r] = (size_t)r * sizeof mine;
-    }
-    if (!st)
-        st = t->ops->allgatherv(t, &mine, sizeof mine, all, bytes, displs);
-    *out = true;
-    for (int r = 0; !st && r < n; r++)
-        *out = *out && all[r] == mine;
-    free(all);
-    free(bytes);
-    free(displs);
-    return st;
-}
-
-/* Chooses the allreduce data path: shared memory on one host, shared memory + MPI across hosts
- * (hierarchical), or MPI alone. Collective: every decision below is taken from values all ranks
- * share, so all ranks make the same collective calls. */
-static cfx_status setup_data_path(cfx_context *ctx)
+/* Settings that change what a caller asked for cannot be adopted from rank 0 (a rank would get
+ * another result than its environment promised): they must be equal already. One allgather of
+ * each rank's value, so every rank finds the same first difference and fails init with the same
+ * CFX_ERR_CONFIG naming the variable, both values and both ranks. */
+static cfx_status check_equal_settings(cfx_context *ctx)
 {
     cx_transport *t = ctx->transport;
-    const cx_config *c = &ctx->cfg;
-    bool mpi = strcmp(t->ops->name, "mpi") == 0;
-    bool wanted = c->shm == 1 || (c->shm == -1 && mpi);
-    if (t->size == 1 || !wanted)
+    if (t->size == 1)
         return CFX_OK;
-    uint64_t one_host = t->local_size == t->size ? 1 : 0;
-    cfx_status st = t->ops->allreduce_and(t, &one_host, 1);
-    if (st)
-        return st;
-    if (!one_host) {
-        bool same = false;
-        if ((st = homogeneous(t, &same)))
-            return st;
-        if (c->hierarchical == 0 || !t->ops->cross_allreduce)
-            return CFX_OK;
-        if (!same) {
-            if (t->rank == 0)
-                cx_log(&ctx->log, CX_LOG_WARNING, "context", "hosts have different numbers of ranks: "
-                   "hierarchical allreduce is off, MPI carries every allreduce");
-            return CFX_OK;
-        }
-    }
-    if (t->local_size == 1) /* the same on every rank here */
-        return CFX_OK;
-    st = cx_shm_create(t, (size_t)c->chunk_bytes, &ctx->shm);
-    if (st == CFX_ERR_TRANSPORT) { /* no usable /dev/shm: MPI alone still works */
-        cx_log(&ctx->log, CX_LOG_WARNING, "context", "%s; MPI carries every allreduce",
-               cx_error_message());
-        return CFX_OK;
-    }
-    ctx->hierarchical = !one_host;
+    int32_t *all = NULL;
+    cfx_status st = cx_transport_allgather_int32(t, ctx->cfg.compression_everywhere, &all);
+    for (int r = 1; !st && r < t->size; r++)
+        if (all[r] != all[0])
+            st = cx_fail(CFX_ERR_CONFIG, "CFX_COMPRESSION_EVERYWHERE differs across ranks: rank 0 "
+                         "has %d, rank %d has %d (set it alike on every rank)", (int)all[0], r,
+                         (int)all[r]);
+    free(all);
     return st;
 }
 
@@ -259,7 +217,9 @@ cfx_status cx_context_create(cx_transport *transport, const cx_config *cfg, cfx_
     ctx->local_size = transport->local_size;
     ctx->cross_rank = transport->cross_rank;
     ctx->cross_size = transport->cross_size;
-    cfx_status st = open_log(ctx);
+    cfx_status st = cx_transport_check(transport);
+    if (!st)
+        st = open_log(ctx);
     pthread_mutex_init(&ctx->tl_mu, NULL);
     pthread_cond_init(&ctx->tl_cv, NULL);
     bool queue_ok = false, handles_ok = false, gradsets_ok = false;
@@ -276,7 +236,9 @@ cfx_status cx_context_create(cx_transport *transport, const cx_config *cfg, cfx_
     if (!st)
         st = agree_config(ctx);
     if (!st)
-        st = setup_data_path(ctx);
+        st = check_equal_settings(ctx);
+    if (!st) /* may wrap ctx->transport in the shared-memory layer, which then owns it */
+        st = cx_shm_layer_setup(&ctx->transport, &ctx->cfg, &ctx->log);
     if (!st)
         st = cx_loop_create(&(cx_loop_env){.cfg = &ctx->cfg, .log = &ctx->log,
                                             .transport = ctx->transport, .queue = &ctx->queue,
@@ -287,23 +249,24 @@ cfx_status cx_context_create(cx_transport *transport, const cx_config *cfg, cfx_
                                             .timeline_change = &ctx->tl_change,
                                             .take_timeline = take_timeline, .owner = ctx},
                             &ctx->loop);
-    if (!st) {
-        cx_exec *x = cx_loop_exec(ctx->loop);
-        x->shm = ctx->shm;
-        x->hierarchical = ctx->hierarchical;
-    }
     if (!st && ctx->cfg.timeline[0] && /* CFX_TIMELINE: adopted by the thread's first cycle */
         !(st = open_timeline(ctx, ctx->cfg.timeline, ctx->cfg.timeline_cycles, &ctx->tl_next)))
         atomic_store(&ctx->tl_change, 1);
+    cx_host_path path = cx_shm_layer_path(ctx->transport);
+    char across[64]; /* "shared memory + MPI across hosts": the transport's name in capitals */
+    size_t n = (size_t)snprintf(across, sizeof across, "shared memory + ");
+    for (const char *c = ctx->transport->ops->name; *c && n < sizeof across - 1; c++)
+        across[n++] = (char)toupper((unsigned char)*c);
+    snprintf(across + n, sizeof across - n, " across hosts");
     if (!st) /* before the thread starts: it may retune ctx->cfg (autotune) */
         cx_log(&ctx->log, CX_LOG_INFO, "context", "rank %d of %d over %s (local %d/%d, cross %d/%d); "
            "fusion %lld B, chunk %lld B, cache %lld, cycle %g ms, deterministic %d, allreduce path %s",
            ctx->rank,
-           ctx->size, transport->ops->name, ctx->local_rank, ctx->local_size, ctx->cross_rank,
+           ctx->size, ctx->transport->ops->name, ctx->local_rank, ctx->local_size, ctx->cross_rank,
            ctx->cross_size, (long long)ctx->cfg.fusion_threshold, (long long)ctx->cfg.chunk_bytes,
            (long long)ctx->cfg.cache_capacity, ctx->cfg.cycle_time_ms, ctx->cfg.deterministic,
-           ctx->shm ? (ctx->hierarchical ? "shared memory + MPI across hosts" : "shared memory")
-                    : transport->ops->name);
+           path.shm ? (path.hierarchical ? across : "shared memory")
+                    : ctx->transport->ops->name);
     if (!st) {
         atomic_store(&ctx->running, 1);
         if (pthread_create(&ctx->thread, NULL, cx_loop_main, ctx->loop) != 0) {
@@ -318,7 +281,6 @@ cfx_status cx_context_create(cx_transport *transport, const cx_config *cfg, cfx_
         char msg[CX_ERROR_MAX];
         snprintf(msg, sizeof msg, "%s", cx_error_message());
         cx_loop_destroy(ctx->loop);
-        cx_shm_destroy(ctx->shm);
         cx_timeline_destroy(ctx->tl_next);
         if (queue_ok)
             cx_queue_destroy(&ctx->queue);
@@ -328,7 +290,7 @@ cfx_status cx_context_create(cx_transport *transport, const cx_config *cfg, cfx_
             cx_gradsets_destroy(&ctx->gradsets);
         if (ctx->log.owns_fd)
             close(ctx->log.fd);
-        transport->ops->destroy(transport);
+        ctx->transport->ops->destroy(ctx->transport); /* the layer, if made, frees the segment */
         free(ctx);
         return cx_fail(st, "%s", msg);
     }
@@ -346,7 +308,7 @@ cfx_status cx_context_create_subset(cfx_context *parent, const int *ranks, size_
 {
     *out = NULL;
     cx_transport *t = parent->transport;
-    if (!t->ops->split)
+    if (!cx_transport_has(t, CX_TRANSPORT_SPLIT))
         return cx_fail(CFX_ERR_UNSUPPORTED, "cfx_context_create_subset: the %s transport cannot "
                        "make subsets", t->ops->name);
     cx_transport *sub = NULL;
@@ -465,7 +427,6 @@ void cx_context_free(cfx_context *ctx)
     cx_context_shutdown(ctx);
     unlink_family(ctx);
     cx_loop_destroy(ctx->loop);
-    cx_shm_destroy(ctx->shm);
     cx_gradsets_destroy(&ctx->gradsets);
     cx_queue_destroy(&ctx->queue);
     cx_handles_destroy(&ctx->handles);

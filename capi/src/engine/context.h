@@ -24,13 +24,11 @@
 struct cfx_context {
     cx_config cfg;
     cx_logger log;
-    cx_transport *transport;
+    cx_transport *transport;       /* or the shared-memory layer over it (exec/shm_layer.h) */
     cx_queue queue;
     cx_handles handles;
     cx_gradsets gradsets;          /* committed gradient sets (gradset.h) */
     cx_loop *loop;
-    struct cx_shm *shm;            /* intra-node data path, or NULL */
-    bool hierarchical;
     pthread_t thread;
     bool thread_started;
     atomic_int running;            /* 1 while the background thread accepts work */

@@ -19,7 +19,6 @@
 #include "base/dtype.h"
 #include "base/error.h"
 #include "exec/execute.h"
-#include "exec/shm.h"
 #include "protocol/negotiate.h"
 #include "observe/autotune.h"
 #include "protocol/fusion.h"
@@ -496,10 +495,8 @@ static cfx_status cycle(cx_loop *L, bool *progress, bool *stop)
     }
     for (size_t w = 0; w < words; w++)
         invalid[w] = ~L->invalid_mask[w];
-    /* One host: the agreement goes through the shared-memory segment, not MPI (docs/architecture.md
-     * "One cycle in detail"). */
-    bool by_shm = L->exec.shm && !L->exec.hierarchical && cx_shm_allreduce_and(L->exec.shm, L->vec, nvec);
-    if (!by_shm && (st = t->ops->allreduce_and(t, L->vec, nvec)))
+    /* On one host the shared-memory layer answers this through its segment (exec/shm_layer.h). */
+    if ((st = t->ops->allreduce_and(t, L->vec, nvec)))
         return st;
     status = L->vec[0];
     bool shutdown_any = !(status & STATUS_SHUTDOWN);

@@ -261,7 +261,7 @@ cfx_status cx_adasum_allreduce(cx_adasum *a, cx_transport *t, cx_shm *shm,
                                const cx_response *items, cx_entry *const *entries, size_t n,
                                cfx_dtype dtype, double prescale, double postscale)
 {
-    if (!t->ops->sendrecv)
+    if (!cx_transport_has(t, CX_TRANSPORT_SENDRECV))
         return cx_fail(CFX_ERR_UNSUPPORTED, "tensor '%s': Adasum needs point to point, which the "
                        "%s transport lacks", items[0].name, t->ops->name);
     size_t es = cfx_dtype_size(dtype), total = 0;

@@ -37,6 +37,10 @@
  * allgather, alltoall and reducescatter are host-staged, and their outputs (allocated by Conflux)
  * are host memory.
  *
+ * The module is cut along its seams: device_plan.c (the path plan, pure), device_exec.c (set-up,
+ * ordering and completion, the dispatch), device_nccl.c (the NCCL path), device_staged.c (the
+ * host-staged pipeline); device_state.h is what the three share.
+ *
  * Every CUDA and NCCL call is made by the background thread, which sets its device itself (the
  * caller's current device is untouched). In a build without CUDA the entry points fail with
  * CFX_ERR_UNSUPPORTED (api.c refuses device tensors there, so they are not reached).
@@ -48,6 +52,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "exec/device_plan.h"
 #include "exec/execute.h"
 
 typedef struct cx_device cx_device;
@@ -67,25 +72,5 @@ extern const cx_device_ops cx_device_path_ops;
  * (a stream that does not drain keeps its buffers: freeing would wait for it forever). The
  * background thread calls it as its loop ends. */
 void cx_device_destroy(cx_device *d);
-
-/* ---- planning (pure, host only; exposed for tests) -------------------------------------------- */
-
-/* What one rank tells the others at set-up (fixed size, sent as bytes). */
-typedef struct cx_device_info {
-    uint8_t usable;   /* this rank has its CUDA device, and its stream, events and staging work */
-    uint8_t nccl;     /* this build has the NCCL data path */
-    char host[62];    /* the machine: kernel boot id, else the host name */
-    char bus[64];     /* PCI bus id of the device ("0000:19:00.0"), one physical GPU per host */
-} cx_device_info;
-
-typedef enum cx_device_path {
-    CX_DEVICE_PATH_STAGED = 1, /* through page-locked host memory and the host data path */
-    CX_DEVICE_PATH_NCCL = 2    /* pack kernel, ncclAllReduce, unpack kernel on Conflux's stream */
-} cx_device_path;
-
-/* The path every rank takes, from every rank's info (the same answer on every rank); `why` gets
- * the reason for the host-staged path (naming the ranks), or "". */
-cx_device_path cx_device_plan(const cx_device_info *all, int size, bool deterministic, char *why,
-                              size_t why_len);
 
 #endif /* CFX_DEVICE_EXEC_H */

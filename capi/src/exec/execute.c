@@ -1,4 +1,7 @@
-/* execute - the collective engine on one rank (see execute.h). */
+/* execute - the collective engine on one rank (see execute.h): its state, the dispatch of a
+ * response list, and the collectives other than the host allreduce (allgather, alltoall,
+ * reducescatter, broadcast, barrier, join). The failure agreement is in agree.c, the host
+ * allreduce paths in host_allreduce.c. */
 #include "exec/execute.h"
 
 #include <stdio.h>
@@ -7,16 +10,10 @@
 
 #include "base/dtype.h"
 #include "base/error.h"
-#include "base/split.h"
 #include "protocol/fusion.h"
-#include "kernels/compress.h"
 #include "kernels/reduce.h"
 #include "exec/adasum.h"
-#include "exec/combine16.h"
-#include "exec/shm.h"
 #include "observe/timeline.h"
-
-static void parse_fail_test(cx_exec *x);
 
 void cx_exec_init(cx_exec *x, cx_transport *t, const cx_config *cfg, cx_queue *q, cx_handles *h,
                   const cx_logger *log)
@@ -27,132 +24,6 @@ void cx_exec_init(cx_exec *x, cx_transport *t, const cx_config *cfg, cx_queue *q
     x->queue = q;
     x->handles = h;
     x->log = log;
-    parse_fail_test(x);
-}
-
-/* ---- failure agreement (execute.h) ------------------------------------------------------------ */
-
-/* CFX_TEST_FAIL=RANKS:PREFIX[:done] (tests only): the ranks RANKS (comma-separated, 0..63) fail
- * every batch whose first tensor name starts with PREFIX, at its ready agreement, or with ":done"
- * at the done agreement of the device paths. */
-static void parse_fail_test(cx_exec *x)
-{
-    const char *v = getenv("CFX_TEST_FAIL");
-    if (!v || !*v)
-        return;
-    struct cx_fail_test f = {0, CX_AGREE_READY, ""};
-    const char *p = v;
-    char *end = NULL;
-    for (;;) {
-        long r = strtol(p, &end, 10);
-        if (end == p || r < 0 || r > 63)
-            goto bad;
-        f.ranks |= 1ull << r;
-        p = end;
-        if (*p != ',')
-            break;
-        p++;
-    }
-    if (*p++ != ':')
-        goto bad;
-    const char *colon = strchr(p, ':');
-    size_t len = colon ? (size_t)(colon - p) : strlen(p);
-    if (len == 0 || len >= sizeof f.prefix || (colon && strcmp(colon + 1, "done") != 0))
-        goto bad;
-    memcpy(f.prefix, p, len);
-    f.phase = colon ? CX_AGREE_DONE : CX_AGREE_READY;
-    x->fail_test = f;
-    return;
-bad:
-    cx_log(x->log, CX_LOG_ERROR, "execute", "CFX_TEST_FAIL=%s: expected RANKS:PREFIX[:done] "
-           "(ranks 0..63, comma-separated); ignored", v);
-}
-
-static bool injected(const cx_exec *x, cx_agree_phase phase, const char *name)
-{
-    const struct cx_fail_test *f = &x->fail_test;
-    int r = x->transport->rank;
-    return f->prefix[0] && f->phase == (int)phase && r < 64 && ((f->ranks >> r) & 1) && name &&
-           strncmp(name, f->prefix, strlen(f->prefix)) == 0;
-}
-
-/* What the lowest failing rank tells the others (fixed size: no allocation on any rank). */
-typedef struct agree_reason {
-    int32_t status;
-    char message[1020];
-} agree_reason;
-
-/* " (ranks 1, 2 and 5 failed; rank 1's reason)" when more than one rank failed, else "". */
-static void list_failed(const uint64_t *ok, int size, int nfailed, char *out, size_t len)
-{
-    out[0] = '\0';
-    if (nfailed < 2)
-        return;
-    size_t used = (size_t)snprintf(out, len, " (ranks");
-    int listed = 0, first = -1;
-    for (int r = 0; r < size && used < len; r++) {
-        if ((ok[r / 64] >> (r % 64)) & 1)
-            continue;
-        if (first < 0)
-            first = r;
-        if (listed == 8) {
-            used += (size_t)snprintf(out + used, len - used, " and %d more", nfailed - listed);
-            break;
-        }
-        used += (size_t)snprintf(out + used, len - used, "%s %d", !listed ? "" :
-                                 listed == nfailed - 1 ? " and" : ",", r);
-        listed++;
-    }
-    if (used < len)
-        snprintf(out + used, len - used, " failed; rank %d's reason)", first);
-}
-
-cfx_status cx_exec_agree(cx_exec *x, cfx_status local, cx_agree_phase phase, const char *name,
-                         uint32_t *flags)
-{
-    cx_transport *t = x->transport;
-    if (!local && injected(x, phase, name))
-        local = cx_fail(CFX_ERR_OUT_OF_MEMORY, "injected failure on rank %d (CFX_TEST_FAIL: "
-                        "prefix '%s', %s agreement)", t->rank, x->fail_test.prefix,
-                        phase == CX_AGREE_DONE ? "done" : "ready");
-    if (t->size == 1)
-        return local; /* its message is still this thread's */
-    agree_reason why;
-    memset(&why, 0, sizeof why);
-    if (local) {
-        why.status = (int32_t)local;
-        snprintf(why.message, sizeof why.message, "%s", cx_error_message());
-    }
-    int size = t->size;
-    size_t nw = ((size_t)size + 63) / 64 + 1; /* a bit per rank, then the flags (inverted: OR) */
-    uint64_t words[nw];
-    for (size_t i = 0; i < nw; i++)
-        words[i] = ~0ull;
-    if (local)
-        words[t->rank / 64] &= ~(1ull << (t->rank % 64));
-    words[nw - 1] = ~(uint64_t)(flags ? *flags : 0);
-    cfx_status st = t->ops->allreduce_and(t, words, nw);
-    if (st)
-        return st;
-    if (flags)
-        *flags = (uint32_t)~words[nw - 1];
-    int first = -1, nfailed = 0;
-    for (int r = 0; r < size; r++)
-        if (!((words[r / 64] >> (r % 64)) & 1)) {
-            first = first < 0 ? r : first;
-            nfailed++;
-        }
-    if (first < 0)
-        return CFX_OK;
-    if ((st = t->ops->broadcast(t, &why, sizeof why, first)))
-        return st;
-    why.message[sizeof why.message - 1] = '\0';
-    cfx_status agreed = why.status > 0 && why.status <= CFX_ERR_NCCL ? (cfx_status)why.status
-                                                                     : CFX_ERR_INTERNAL;
-    char others[160];
-    list_failed(words, size, nfailed, others, sizeof others);
-    return cx_fail(agreed, "rank %d %s%s: %s", first, phase == CX_AGREE_READY ?
-                   "could not take part" : "failed after the collective", others, why.message);
 }
 
 /* A response whose entry this rank lost (an internal inconsistency): it still takes part in the
@@ -191,8 +62,7 @@ void cx_exec_complete(cx_exec *x, cx_entry *e, cfx_status status, const char *me
     cx_entry_free(e);
 }
 
-/* Grows *buf to at least `bytes` (contents not kept). */
-static cfx_status reserve(void **buf, size_t *cap, size_t bytes)
+cfx_status cx_exec_reserve(void **buf, size_t *cap, size_t bytes)
 {
     if (*cap >= bytes)
         return CFX_OK;
@@ -206,142 +76,6 @@ static cfx_status reserve(void **buf, size_t *cap, size_t bytes)
     *buf = p;
     *cap = ncap;
     return CFX_OK;
-}
-
-static size_t elements_per_chunk(const cx_exec *x, size_t esize)
-{
-    size_t n = (size_t)x->cfg->chunk_bytes / esize;
-    return n ? n : 1;
-}
-
-/* Deterministic reduce-scatter of one chunk: rank r owns block r, receives every rank's copy of it
- * and reduces them in rank order. `send` holds n elements; `out` receives this rank's block. */
-static cfx_status ordered_reduce_scatter(cx_exec *x, const void *send, void *out, const size_t *counts,
-                                         cfx_dtype dtype, cfx_reduce_op op)
-{
-    cx_transport *t = x->transport;
-    int size = t->size;
-    size_t esize = cfx_dtype_size(dtype);
-    size_t mine = counts[t->rank];
-    size_t sb[size], sd[size], rb[size], rd[size];
-    size_t off = 0;
-    for (int j = 0; j < size; j++) {
-        sb[j] = counts[j] * esize;
-        sd[j] = off;
-        off += sb[j];
-        rb[j] = mine * esize;
-        rd[j] = (size_t)j * mine * esize;
-    }
-    cfx_status st = reserve(&x->scratch, &x->scratch_cap, mine * esize * (size_t)size);
-    if (st)
-        return st;
-    st = t->ops->alltoallv(t, send, sb, sd, x->scratch, rb, rd);
-    if (st)
-        return st;
-    const char *in = x->scratch;
-    memmove(out, in, mine * esize);
-    for (int j = 1; j < size; j++)
-        cx_reduce_into(out, in + (size_t)j * mine * esize, mine, dtype, op);
-    return CFX_OK;
-}
-
-/* The ordered path's largest block of a batch of n elements: its first step's (every later step
- * is as long or shorter). */
-static size_t ordered_block_elems(const cx_exec *x, size_t n, size_t esize)
-{
-    size_t size = (size_t)x->transport->size;
-    size_t step = elements_per_chunk(x, esize) * size;
-    size_t len = n < step ? n : step;
-    return (len + size - 1) / size;
-}
-
-/* What reduce_chunks' ordered path uses, reserved before the batch's ready agreement so that a
- * failure comes before any collective: x->scratch holds the alltoall's receive area (a block from
- * every rank) and then this rank's reduced block. */
-static cfx_status reserve_ordered(cx_exec *x, size_t n, size_t esize)
-{
-    if (!x->cfg->deterministic || x->transport->size == 1 || n == 0)
-        return CFX_OK;
-    size_t block = ordered_block_elems(x, n, esize) * esize;
-    return reserve(&x->scratch, &x->scratch_cap, block * ((size_t)x->transport->size + 1) + 1);
-}
-
-/* reduce_chunks with compression on this leg: each chunk packed into the 16-bit `half` with the
- * prescale fused in, combined over the ranks in float32 and rounded once (exec/combine16.h),
- * unpacked with the postscale fused in. */
-static cfx_status compressed_chunks(cx_exec *x, const void *src, void *dst, size_t n,
-                                    cfx_dtype dtype, cfx_reduce_op op, double prescale,
-                                    double postscale, cfx_dtype half)
-{
-    cx_transport *t = x->transport;
-    size_t esize = cfx_dtype_size(dtype);
-    size_t step = elements_per_chunk(x, esize);
-    cfx_status st = reserve(&x->scratch, &x->scratch_cap,
-                            cx_combine16_bytes(n < step ? n : step, t->size));
-    for (size_t off = 0; off < n && !st; off += step) {
-        size_t len = n - off < step ? n - off : step;
-        void *residual = x->residual ? (char *)x->residual + off * esize : NULL;
-        cx_compress_pack(x->scratch, (const char *)src + off * esize, residual, len, dtype, half,
-                         prescale);
-        st = cx_combine16(t, CX_GROUP_WORLD, x->scratch, len, half, op);
-        if (!st)
-            cx_compress_unpack((char *)dst + off * esize, x->scratch, len, dtype, half, postscale);
-    }
-    return st;
-}
-
-/* Allreduce of n elements from src into dst (which may be the same), chunk by chunk, with the
- * prescale applied as each chunk is staged and the postscale right after its reduction, while
- * the chunk is still in cache. Deterministic mode reduces every element in rank order (its
- * scratch reserved by reserve_ordered). */
-static cfx_status reduce_chunks(cx_exec *x, const void *src, void *dst, size_t n, cfx_dtype dtype,
-                                cfx_reduce_op op, double prescale, double postscale, uint8_t wire)
-{
-    cx_transport *t = x->transport;
-    int size = t->size;
-    size_t esize = cfx_dtype_size(dtype);
-    bool ordered = x->cfg->deterministic && size > 1;
-    /* MPI's path crosses hosts whenever the job spans them. */
-    int half = ordered || size == 1 ? -1 : cx_compression_leg(wire, dtype, t->cross_size > 1);
-    if (half >= 0)
-        return compressed_chunks(x, src, dst, n, dtype, op, prescale, postscale, (cfx_dtype)half);
-    /* Ordered: each rank owns a chunk-sized block of every step. */
-    size_t step = elements_per_chunk(x, esize) * (ordered ? (size_t)size : 1);
-    size_t counts[size], bytes[size], displs[size];
-    char *block = ordered ? (char *)x->scratch +
-                            ordered_block_elems(x, n, esize) * esize * (size_t)size : NULL;
-    cfx_status st = CFX_OK;
-    for (size_t off = 0; off < n && !st; off += step) {
-        size_t len = n - off < step ? n - off : step;
-        const char *in = (const char *)src + off * esize;
-        char *chunk = (char *)dst + off * esize;
-        if (in != chunk)
-            cx_scale_copy(chunk, in, len, dtype, prescale);
-        else
-            cx_scale(chunk, len, dtype, prescale);
-        if (size > 1 && !ordered) {
-            st = t->ops->allreduce(t, chunk, len, dtype, op);
-        } else if (ordered) {
-            for (int r = 0; r < size; r++) {
-                counts[r] = cx_split_start(len, size, r + 1) - cx_split_start(len, size, r);
-                bytes[r] = counts[r] * esize;
-                displs[r] = cx_split_start(len, size, r) * esize;
-            }
-            st = ordered_reduce_scatter(x, chunk, block, counts, dtype, op);
-            if (!st)
-                st = t->ops->allgatherv(t, block, bytes[t->rank], chunk, bytes, displs);
-        }
-        if (!st)
-            cx_scale(chunk, len, dtype, postscale);
-    }
-    return st;
-}
-
-/* Whether allreduces take the shared-memory path. It combines in rank order, so it keeps the
- * deterministic guarantee on one host; across hosts deterministic mode takes the ordered path. */
-static bool use_shm(const cx_exec *x)
-{
-    return x->shm && (!x->cfg->deterministic || !x->hierarchical);
 }
 
 static double final_scale(const cx_exec *x, const cx_response *r)
@@ -367,7 +101,6 @@ static void fail_entries(cx_exec *x, const cx_response *items, size_t n, cx_entr
 
 /* Timeline (timeline.h): PACK, ALLREDUCE and UNPACK of a batch, from stamps t[0..3], on the lane
  * of every tensor in it; the collective carries the batch's bytes and tensor count. */
-#define TL_STAMP(t, i) do { if (CX_TL(x->timeline)) (t)[i] = cx_timeline_now(); } while (0)
 static void timeline_allreduce(cx_exec *x, const cx_response *items, size_t n, const double *t,
                                size_t bytes)
 {
@@ -389,120 +122,6 @@ static void timeline_negotiated(cx_exec *x, const cx_response_list *responses)
         if (r->status != CFX_OK)
             cx_timeline_mark(x->timeline, r->name, cfx_status_string((cfx_status)r->status), -1, now);
     }
-}
-
-/* Whether `next` continues the `bytes` at `prev` in memory (two NULLs, a joined rank's identity,
- * continue each other too). */
-static bool follows(const void *prev, size_t bytes, const void *next)
-{
-    return prev && next ? (const char *)prev + bytes == (const char *)next : prev == next;
-}
-
-/* Appends `count` elements at src/dst (NULL for a joined rank's identity) to the first `n`
- * segments and returns the new number: a tensor that continues the last one in memory, input and
- * output alike, extends it. A gradient set's owned bucket (contiguous on every rank) becomes one
- * segment, however many gradients it holds, and so stays within the direct path's segment limit;
- * the direct path checks that every local rank cut its batch alike (exec/shm.c). */
-static size_t add_segment(cx_segment *segs, size_t n, const void *src, void *dst, size_t count,
-                          size_t esize)
-{
-    cx_segment *last = n ? &segs[n - 1] : NULL;
-    if (last && follows(last->src, last->count * esize, src) &&
-        follows(last->dst, last->count * esize, dst)) {
-        last->count += count;
-        return n;
-    }
-    segs[n] = (cx_segment){src, dst, count};
-    return n + 1;
-}
-
-cfx_status cx_exec_allreduce_host(cx_exec *x, const cx_allreduce_batch *b, double *tl)
-{
-    const cx_response *items = b->items;
-    cx_entry *const *entries = b->entries;
-    size_t n = b->n, esize = b->esize, total = b->total;
-    cfx_dtype dtype = b->dtype;
-    cfx_reduce_op op = b->op;
-    double pre = b->prescale, post = b->postscale;
-    const char *name = items[0].name;
-    uint8_t wire = items[0].compression; /* agreed, the same for the whole batch */
-    if (b->local) /* failed before it started: only the agreement */
-        return cx_exec_agree(x, b->local, CX_AGREE_READY, name, NULL);
-    if (op == CFX_OP_ADASUM) { /* its own data path (adasum.h); across hosts after a host average */
-        cx_shm *host = x->shm && x->hierarchical && use_shm(x) ? x->shm : NULL;
-        cfx_status st = cx_exec_agree(x, cx_adasum_reserve(&x->adasum, items, entries, n, dtype),
-                                      CX_AGREE_READY, name, NULL);
-        TL_STAMP(tl, 1);
-        if (!st)
-            st = cx_adasum_allreduce(x->adasum, x->transport, host, items, entries, n, dtype, pre,
-                                     post);
-        TL_STAMP(tl, 2);
-        return st;
-    }
-    cfx_status st = CFX_OK;
-    if (use_shm(x)) {
-        /* Straight from the tensors into shared memory and back: no fusion buffer. */
-        size_t nsegs = 0;
-        st = reserve(&x->segs, &x->segs_cap, n * sizeof(cx_segment));
-        cx_segment *segs = x->segs;
-        for (size_t i = 0; !st && i < n; i++)
-            nsegs = add_segment(segs, nsegs, entries[i] ? entries[i]->input : NULL,
-                                entries[i] ? entries[i]->output : NULL,
-                                (size_t)cx_shape_elements(items[i].ndim, items[i].shape), esize);
-        st = cx_exec_agree(x, st, CX_AGREE_READY, name, NULL);
-        if (!st) {
-            TL_STAMP(tl, 1);
-            st = cx_shm_allreduce_wire(x->shm, x->transport, segs, nsegs, dtype, op, pre, post,
-                                       x->hierarchical, cx_compression_leg(wire, dtype, true),
-                                       x->residual);
-            TL_STAMP(tl, 2);
-            const char *why;
-            int direct = cx_shm_direct_state(x->shm, &why);
-            if (direct != x->direct_logged) {
-                x->direct_logged = direct;
-                if (direct > 0)
-                    cx_log(x->log, CX_LOG_INFO, "execute", "allreduce path direct: tensors in "
-                           "shared tensor memory on every local rank, reduced without copies");
-                else
-                    cx_log(x->log, CX_LOG_WARNING, "execute", "no direct path for tensors in "
-                           "shared tensor memory (%s): they take the copies", why);
-            }
-        }
-    } else if (n == 1 && entries[0]) {
-        cx_entry *e = entries[0];
-        st = cx_exec_agree(x, reserve_ordered(x, total, esize), CX_AGREE_READY, name, NULL);
-        TL_STAMP(tl, 1);
-        if (!st)
-            st = reduce_chunks(x, e->input, e->output, total, dtype, op, pre, post, wire);
-        TL_STAMP(tl, 2);
-    } else {
-        st = reserve(&x->fusion, &x->fusion_cap, total * esize + 1);
-        if (!st)
-            st = reserve_ordered(x, total, esize);
-        char *buf = x->fusion;
-        size_t off = 0;
-        for (size_t i = 0; !st && i < n; i++) {
-            size_t count = (size_t)cx_shape_elements(items[i].ndim, items[i].shape);
-            if (entries[i])
-                cx_scale_copy(buf + off * esize, entries[i]->input, count, dtype, pre);
-            else /* joined: contribute the identity */
-                cx_fill_identity(buf + off * esize, count, dtype, op);
-            off += count;
-        }
-        st = cx_exec_agree(x, st, CX_AGREE_READY, name, NULL);
-        TL_STAMP(tl, 1);
-        if (!st)
-            st = reduce_chunks(x, buf, buf, total, dtype, op, 1.0, 1.0, wire);
-        TL_STAMP(tl, 2);
-        off = 0;
-        for (size_t i = 0; !st && i < n; i++) {
-            size_t count = (size_t)cx_shape_elements(items[i].ndim, items[i].shape);
-            if (entries[i])
-                cx_scale_copy(entries[i]->output, buf + off * esize, count, dtype, post);
-            off += count;
-        }
-    }
-    return st;
 }
 
 /* One or more fused allreduce responses. */
@@ -527,12 +146,12 @@ static cfx_status run_allreduce(cx_exec *x, const cx_response *items, size_t n)
         b.total += (size_t)cx_shape_elements(items[i].ndim, items[i].shape);
     }
     double tl[4] = {0};
-    TL_STAMP(tl, 0);
+    CX_EXEC_TL_STAMP(tl, 0);
     /* Device tensors (the kind is agreed, so every rank takes the same branch): cx_device_ops. */
     cfx_status st = first->device == CFX_DEVICE_CPU ? cx_exec_allreduce_host(x, &b, tl)
                     : x->device_ops                 ? x->device_ops->allreduce(x, &b, tl)
                                                     : no_device_path(first);
-    TL_STAMP(tl, 3);
+    CX_EXEC_TL_STAMP(tl, 3);
     if (CX_TL(x->timeline) && !st)
         timeline_allreduce(x, items, n, tl, b.total * b.esize);
     if (st) {
@@ -695,13 +314,13 @@ static cfx_status run_reducescatter(cx_exec *x, const cx_response *r, cx_entry *
         send = scaled;
     }
     if (!st && x->cfg->deterministic && size > 1) /* the ordered path's receive area */
-        st = reserve(&x->scratch, &x->scratch_cap, mine * esize * (size_t)size + 1);
+        st = cx_exec_reserve(&x->scratch, &x->scratch_cap, mine * esize * (size_t)size + 1);
     st = cx_exec_agree(x, st, CX_AGREE_READY, r->name, NULL);
     if (!st) {
         if (size == 1)
             memcpy(out, send, mine * esize);
         else if (x->cfg->deterministic)
-            st = ordered_reduce_scatter(x, send, out, counts, dtype, (cfx_reduce_op)r->op);
+            st = cx_exec_ordered_reduce_scatter(x, send, out, counts, dtype, (cfx_reduce_op)r->op);
         else
             st = t->ops->reduce_scatter(t, send, out, counts, dtype, (cfx_reduce_op)r->op);
     }
@@ -847,7 +466,7 @@ cfx_status cx_execute(cx_exec *x, const cx_response_list *responses)
             /* The shared-memory path reads every tensor where it lies, so large tensors fuse as
              * freely as small ones: chunks then run across tensor boundaries, and no tensor's tail
              * is a short chunk of its own. Elsewhere the fusion buffer would copy them. */
-            int64_t cap = use_shm(x) && r->device == CFX_DEVICE_CPU ? INT64_MAX : x->cfg->chunk_bytes;
+            int64_t cap = cx_exec_uses_shm(x) && r->device == CFX_DEVICE_CPU ? INT64_MAX : x->cfg->chunk_bytes;
             size_t n = cx_fusion_batch(responses->items, responses->count, i,
                                        x->cfg->fusion_threshold, cap);
             cfx_status st = run_allreduce(x, r, n);
@@ -870,12 +489,12 @@ cfx_status cx_execute(cx_exec *x, const cx_response_list *responses)
         cx_entry *e = cx_queue_take(x->queue, r->name);
         i++;
         double tl[2] = {0};
-        TL_STAMP(tl, 0);
+        CX_EXEC_TL_STAMP(tl, 0);
         /* A lost entry (e == NULL) still takes part, so the peers fail the response with it. */
         cfx_status st = r->device == CFX_DEVICE_CPU ? cx_exec_single_host(x, r, e)
                         : x->device_ops             ? x->device_ops->single(x, r, e)
                                                     : no_device_path(r);
-        TL_STAMP(tl, 1);
+        CX_EXEC_TL_STAMP(tl, 1);
         if (!e) {
             cx_log(x->log, CX_LOG_ERROR, "execute", "tensor '%s' (%s) missing from the table",
                    r->name, cx_coll_name(r->coll));

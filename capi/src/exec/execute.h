@@ -36,21 +36,15 @@ typedef struct cx_exec {
     size_t scratch_cap;
     void *segs;           /* the shared-memory path's segment list (cx_segment), grown on demand */
     size_t segs_cap;
-    struct cx_shm *shm;   /* the shared-memory path (owned by the context), or NULL */
     void *residual;       /* set by a gradient set with error feedback for one batch: what
                              rounding took from each element this rank packs (kernels/compress.h) */
     struct cx_adasum *adasum; /* Adasum's buffers (adasum.h), made by its first batch, or NULL */
-    bool hierarchical;    /* shm reduces within the host, MPI across hosts */
-    int direct_logged;    /* the shm direct path's state last logged (cx_shm_direct_state) */
+    int direct_logged;    /* the shm direct path's state last logged (cx_shm_direct_state); the
+                             host path itself is the transport's layer (shm_layer.h) */
     struct cx_timeline *timeline; /* the context's, or NULL (timeline.h) */
     struct cx_device *device; /* device tensors' state (device_exec.h): made by the first device
                                  response, or NULL */
     const struct cx_device_ops *device_ops; /* the device path, or NULL (device tensors fail) */
-    struct cx_fail_test {     /* CFX_TEST_FAIL, parsed once at init (tests only; cx_exec_agree) */
-        uint64_t ranks;       /* bit r: rank r fails (ranks 0..63) */
-        int phase;            /* the cx_agree_phase it fails in */
-        char prefix[56];      /* batches whose first tensor name starts with this; "" = off */
-    } fail_test;
 } cx_exec;
 
 struct cx_allreduce_batch;
@@ -129,5 +123,23 @@ cfx_status cx_exec_agree(cx_exec *x, cfx_status local, cx_agree_phase phase, con
 
 /* Completes an entry with a status and frees it. */
 void cx_exec_complete(cx_exec *x, cx_entry *e, cfx_status status, const char *message);
+
+/* ---- shared by the engine's own files (execute.c, host_allreduce.c, agree.c) ---------------- */
+
+/* Grows *buf to at least `bytes` (contents not kept). */
+cfx_status cx_exec_reserve(void **buf, size_t *cap, size_t bytes);
+
+/* Whether host allreduces take the shared-memory path. It combines in rank order, so it keeps the
+ * deterministic guarantee on one host; across hosts deterministic mode takes the ordered path. */
+bool cx_exec_uses_shm(const cx_exec *x);
+
+/* Deterministic reduce-scatter of one chunk: rank r owns block r, receives every rank's copy of it
+ * and reduces them in rank order. `send` holds the elements of counts[]; `out` receives this
+ * rank's block (the copies are staged in x->scratch). */
+cfx_status cx_exec_ordered_reduce_scatter(cx_exec *x, const void *send, void *out,
+                                          const size_t *counts, cfx_dtype dtype, cfx_reduce_op op);
+
+/* Timeline stamp i of t[] (x in scope), when the timeline is on. */
+#define CX_EXEC_TL_STAMP(t, i) do { if (CX_TL(x->timeline)) (t)[i] = cx_timeline_now(); } while (0)
 
 #endif /* CFX_EXECUTE_H */

@@ -120,18 +120,11 @@ static cfx_status ensure_pool(void)
         atomic_store(&pool_lo, 0);
         atomic_store(&pool_hi, 0);
     }
-    uint64_t size = default_size();
-    const char *v = getenv("CFX_SHARED_POOL_BYTES");
-    if (v && *v) {
-        int64_t bytes = 0;
-        cfx_status st = cx_parse_bytes("CFX_SHARED_POOL_BYTES", v, &bytes);
-        if (st)
-            return st;
-        if (bytes < PAGE)
-            return cx_fail(CFX_ERR_CONFIG, "CFX_SHARED_POOL_BYTES=\"%s\": the pool needs at least "
-                           "%d bytes", v, PAGE);
-        size = (uint64_t)bytes;
-    }
+    int64_t bytes = (int64_t)default_size();
+    cfx_status st = cx_config_env_bytes("CFX_SHARED_POOL_BYTES", PAGE, &bytes);
+    if (st)
+        return st;
+    uint64_t size = (uint64_t)bytes;
     size = (size + PAGE - 1) / PAGE * PAGE;
     int fd = memfd_create("conflux-shared-pool", MFD_CLOEXEC);
     if (fd < 0)
@@ -151,7 +144,7 @@ static cfx_status ensure_pool(void)
                        "CFX_SHARED_POOL_BYTES sets it): %s", (unsigned long long)size, strerror(e));
     }
     exclude_from_dumps(p, size);
-    cfx_status st = insert_at(&pool.free_list, 0, (extent){0, size});
+    st = insert_at(&pool.free_list, 0, (extent){0, size});
     if (st) {
         munmap(p, size);
         close(fd);

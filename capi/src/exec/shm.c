@@ -57,6 +57,7 @@ typedef enum { DIRECT_UNTRIED, DIRECT_READY, DIRECT_OFF } direct_state;
 
 struct cx_shm {
     int nlocal, me;
+    uint64_t direct_map_fail; /* CFX_TEST_DIRECT_MAP_FAIL: bit L, local rank L cannot map */
     size_t chunk;          /* bytes per slot */
     size_t size;           /* bytes mapped */
     uint8_t *base;
@@ -133,7 +134,8 @@ static void barrier_yielding(cx_shm *s, double yield_s)
 
 static void barrier(cx_shm *s) { barrier_yielding(s, BARRIER_YIELD_S); }
 
-cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, cx_shm **out)
+cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, uint64_t direct_map_fail,
+                         cx_shm **out)
 {
     *out = NULL;
     /* Rank 0 picks a job-unique tag; each host's segment is named by the tag and its host index. */
@@ -157,6 +159,7 @@ cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, cx_shm **out)
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for the shared-memory path");
     s->nlocal = t->local_size;
     s->me = t->local_rank;
+    s->direct_map_fail = direct_map_fail;
     s->chunk = round_up(chunk_bytes, CACHE_LINE);
     size_t control = round_up(sizeof(shm_control), 4096);
     size_t offers = round_up((size_t)s->nlocal * sizeof(direct_offer), 4096);
@@ -269,9 +272,8 @@ static void setup_direct(cx_shm *s)
     s->piece = aligned_alloc(CACHE_LINE, s->chunk);
     if (!s->peer_pools || !s->peer_sizes || !s->strip || !s->piece)
         st = cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for the direct path");
-    const char *fail = getenv("CFX_TEST_DIRECT_MAP_FAIL"); /* tests: this local rank cannot map */
-    if (!st && fail && atoi(fail) == s->me)
-        st = cx_fail(CFX_ERR_TRANSPORT, "CFX_TEST_DIRECT_MAP_FAIL=%s", fail);
+    if (!st && s->me < 64 && ((s->direct_map_fail >> s->me) & 1)) /* tests: this rank cannot map */
+        st = cx_fail(CFX_ERR_TRANSPORT, "CFX_TEST_DIRECT_MAP_FAIL=%d", s->me);
     for (int q = 0; q < s->nlocal && !st; q++) {
         if (q == s->me)
             continue;

@@ -49,8 +49,11 @@
 
 typedef struct cx_shm cx_shm;
 
-/* Maps this host's segment (collective over every rank of `t`). `chunk_bytes` is the slot size. */
-cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, cx_shm **out);
+/* Maps this host's segment (collective over every rank of `t`). `chunk_bytes` is the slot size.
+ * `direct_map_fail` (CFX_TEST_DIRECT_MAP_FAIL, tests only; 0 = none): bit L set, local rank L
+ * cannot map its peers' pools, so the direct path turns off. */
+cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, uint64_t direct_map_fail,
+                         cx_shm **out);
 void cx_shm_destroy(cx_shm *s);
 
 /* The control plane's AND-allreduce (words[i] = AND over the local ranks of words[i]) through the

@@ -7,18 +7,12 @@
 #include "base/error.h"
 #include "kernels/reduce.h"
 
-static bool forced_everywhere(void)
-{
-    const char *v = getenv("CFX_COMPRESSION_EVERYWHERE");
-    return v && strcmp(v, "1") == 0;
-}
-
-cfx_status cx_compression_wire(const char *fn, int32_t value, uint8_t *out)
+cfx_status cx_compression_wire(const char *fn, int32_t value, bool everywhere, uint8_t *out)
 {
     if (value < 0 || value >= CFX_COMPRESSION_COUNT)
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: compression %d is not a cfx_compression "
                        "(0..%d)", fn, (int)value, CFX_COMPRESSION_COUNT - 1);
-    if (forced_everywhere() && (value == CFX_COMPRESSION_FP16 || value == CFX_COMPRESSION_BF16))
+    if (everywhere && (value == CFX_COMPRESSION_FP16 || value == CFX_COMPRESSION_BF16))
         value += CFX_COMPRESSION_FP16_EVERYWHERE - CFX_COMPRESSION_FP16;
     *out = (uint8_t)value;
     return CFX_OK;

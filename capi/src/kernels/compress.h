@@ -16,8 +16,10 @@
 
 #include "conflux/conflux.h"
 
-/* Validates a caller's cfx_compression value and gives its wire value (fn names the call). */
-cfx_status cx_compression_wire(const char *fn, int32_t value, uint8_t *out);
+/* Validates a caller's cfx_compression value and gives its wire value (fn names the call).
+ * `everywhere` (CFX_COMPRESSION_EVERYWHERE, read and agreed at init: base/config.h) turns FP16 and
+ * BF16 into their _EVERYWHERE forms. */
+cfx_status cx_compression_wire(const char *fn, int32_t value, bool everywhere, uint8_t *out);
 
 /* Whether tensor `what` (dtype, op, device) may be sent with wire value `c`: float32 and float64
  * host tensors, sum/average/min/max/product, not Adasum (CFX_ERR_INVALID_ARGUMENT naming it; a

@@ -21,9 +21,9 @@ void cx_hello_self(const cx_config *cfg, cx_hello *out)
     out->lib_patch = CFX_VERSION_PATCH;
     out->wire_major = CX_WIRE_VERSION_MAJOR;
     out->wire_minor = CX_WIRE_VERSION_MINOR;
-    if (cfg->test_wire_major >= 0) {
-        out->wire_major = (uint16_t)cfg->test_wire_major;
-        out->wire_minor = (uint16_t)cfg->test_wire_minor;
+    if (cfg->test.wire_major >= 0) {
+        out->wire_major = (uint16_t)cfg->test.wire_major;
+        out->wire_minor = (uint16_t)cfg->test.wire_minor;
     }
     out->features = CFX_FEATURE_LOCAL;
 #if defined(CFX_HAVE_MPI) && CFX_HAVE_MPI

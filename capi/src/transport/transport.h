@@ -11,11 +11,19 @@
  * (nonblocking operation, short spin, then sleeping backoff). On failure a call returns a status and
  * sets cfx_last_error() on the calling thread; the engine then fails the affected handles.
  *
+ * What a transport can do beyond the calls every transport has is said by its capabilities
+ * (cx_transport_caps), never by its name: the engine reads them to choose its paths, and checks at
+ * context creation that they match the calls the table fills (cx_transport_check). The host
+ * shared-memory path is not a transport's business: exec/shm_layer.h wraps any transport whose
+ * capabilities ask for it.
+ *
  * Implementations: transport_mpi.c (Open MPI), transport_local.c (thread ranks, and size 1).
+ * docs/architecture.md "Writing a transport" is the guide for the next one.
  */
 #ifndef CFX_TRANSPORT_H
 #define CFX_TRANSPORT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -27,8 +35,32 @@ typedef struct cx_transport cx_transport;
  * this rank's local rank, one per host (cross_rank). */
 typedef enum cx_group { CX_GROUP_WORLD = 0, CX_GROUP_LOCAL = 1, CX_GROUP_CROSS = 2 } cx_group;
 
+/* The optional calls of cx_transport_ops, as bits of cx_transport_caps.optional: a transport sets
+ * the bit exactly when it fills the call. */
+enum {
+    CX_TRANSPORT_CROSS_ALLREDUCE = 1u << 0, /* cross_allreduce: the two-level (hierarchical) paths */
+    CX_TRANSPORT_SPLIT = 1u << 1,           /* split: subset contexts */
+    CX_TRANSPORT_SENDRECV = 1u << 2,        /* sendrecv: Adasum */
+};
+
+typedef struct cx_transport_caps {
+    /* Between ranks of one host, the engine's shared-memory path (exec/shm_layer.h: one segment
+     * per host, reduction split across the local ranks, the per-cycle agreement through the
+     * segment) is faster than this transport's own calls, so CFX_SHM=auto turns it on, and across
+     * hosts the two-level path uses it within each host. False for a transport that is itself
+     * in-process memory (local). */
+    bool prefers_host_shm;
+    /* A call in flight returns with an error when a peer is lost or a deadline passes (so a stall
+     * timeout can end it). False: a call waits for its peers as long as they live; the stall
+     * inspector can then only report. */
+    bool aborts_in_flight;
+    /* CX_TRANSPORT_* bits: the optional calls this transport fills. */
+    uint32_t optional;
+} cx_transport_caps;
+
 typedef struct cx_transport_ops {
-    const char *name; /* "mpi", "local" */
+    const char *name; /* "mpi", "local": for messages only, never compared */
+    cx_transport_caps caps;
 
     /* -- control plane -- */
     /* Gathers `len` bytes from every rank at rank 0. At rank 0, *recv_out is a malloc'ed
@@ -60,22 +92,23 @@ typedef struct cx_transport_ops {
     cfx_status (*reduce_scatter)(cx_transport *t, const void *send, void *recv,
                                  const size_t *counts, cfx_dtype dtype, cfx_reduce_op op);
     cfx_status (*barrier)(cx_transport *t);
-    /* In place over the ranks that share this rank's local rank, one per host (NULL when the
-     * transport has a single host). */
+    /* In place over the ranks that share this rank's local rank, one per host (optional:
+     * CX_TRANSPORT_CROSS_ALLREDUCE). */
     cfx_status (*cross_allreduce)(cx_transport *t, void *buf, size_t count, cfx_dtype dtype,
                                   cfx_reduce_op op);
 
     /* A transport over the ranks listed (ascending, valid, the same on every rank: the caller
      * checked), numbered in that order; non-members get NULL. Collective over t's ranks, in the
      * same order of splits everywhere. Made on a user thread while the background thread uses t,
-     * so it must not use t's own channel. NULL in transports that cannot split. */
+     * so it must not use t's own channel (optional: CX_TRANSPORT_SPLIT). */
     cfx_status (*split)(cx_transport *t, const int *ranks, size_t n, cx_transport **out);
 
     /* -- point to point (host memory) -- */
     /* Sends send_bytes from `send` to rank `to` of `group` and receives recv_bytes into `recv`
      * from rank `from`, both under way at once, so two ranks may exchange with each other
      * (to < 0: nothing is sent; from < 0: nothing received). The peer's matching call names the
-     * same byte count; messages between two ranks arrive in the order they were sent. */
+     * same byte count; messages between two ranks arrive in the order they were sent (optional:
+     * CX_TRANSPORT_SENDRECV). */
     cfx_status (*sendrecv)(cx_transport *t, cx_group group, const void *send, size_t send_bytes,
                            int to, void *recv, size_t recv_bytes, int from);
 
@@ -89,5 +122,19 @@ struct cx_transport {
     int local_rank, local_size; /* ranks sharing this host */
     int cross_rank, cross_size; /* ranks with this local rank, one per host */
 };
+
+/* Whether t fills the optional call `bit` (CX_TRANSPORT_*). */
+static inline bool cx_transport_has(const cx_transport *t, uint32_t bit)
+{
+    return (t->ops->caps.optional & bit) != 0;
+}
+
+/* CFX_ERR_INTERNAL naming the transport and the call when its table lacks a required call or its
+ * capabilities promise an optional call it does not fill (or fill one they do not promise). */
+cfx_status cx_transport_check(const cx_transport *t);
+
+/* Every rank's `mine`, in rank order, over the data plane: *all_out is malloc'ed (the caller
+ * frees it), NULL on failure. Collective. */
+cfx_status cx_transport_allgather_int32(cx_transport *t, int32_t mine, int32_t **all_out);
 
 #endif /* CFX_TRANSPORT_H */

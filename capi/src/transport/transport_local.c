@@ -393,6 +393,9 @@ static cfx_status local_split(cx_transport *t, const int *ranks, size_t n, cx_tr
 
 static const cx_transport_ops local_ops = {
     .name = "local",
+    /* Thread ranks already share memory: no segment to add. Calls wait for the peer threads. */
+    .caps = {.prefers_host_shm = false, .aborts_in_flight = false,
+             .optional = CX_TRANSPORT_SPLIT | CX_TRANSPORT_SENDRECV},
     .gather_bytes = local_gather_bytes,
     .bcast_bytes = local_bcast_bytes,
     .allreduce_and = local_allreduce_and,

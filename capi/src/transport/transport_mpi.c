@@ -21,6 +21,7 @@ typedef struct mpi_transport {
      * uses comm; splits of one transport are serialised by split_mu. */
     MPI_Comm split_comm;
     pthread_mutex_t split_mu;
+    int pretend_local_size; /* tests' pretend hosts (cx_transport_mpi_create), kept by subsets */
 } mpi_transport;
 
 /* Process-wide MPI state. MPI itself is process-global, so this is the one place that must be:
@@ -452,7 +453,7 @@ static void mpi_destroy(cx_transport *t)
     free(m);
 }
 
-static cfx_status from_comm(MPI_Comm comm, cx_transport **out);
+static cfx_status from_comm(MPI_Comm comm, int pretend_local_size, cx_transport **out);
 
 static cfx_status mpi_split(cx_transport *t, const int *ranks, size_t n, cx_transport **out)
 {
@@ -470,11 +471,15 @@ static cfx_status mpi_split(cx_transport *t, const int *ranks, size_t n, cx_tran
         return mpi_error(rc, "MPI_Comm_split (subset context)");
     if (sub == MPI_COMM_NULL)
         return CFX_OK;
-    return from_comm(sub, out);
+    return from_comm(sub, m->pretend_local_size, out);
 }
 
 static const cx_transport_ops mpi_ops = {
     .name = "mpi",
+    /* The engine's segment reduces a host's share faster than Open MPI's own shared memory
+     * (docs/performance.md); an MPI collective cannot be cancelled once started. */
+    .caps = {.prefers_host_shm = true, .aborts_in_flight = false,
+             .optional = CX_TRANSPORT_CROSS_ALLREDUCE | CX_TRANSPORT_SPLIT | CX_TRANSPORT_SENDRECV},
     .gather_bytes = mpi_gather_bytes,
     .bcast_bytes = mpi_bcast_bytes,
     .allreduce_and = mpi_allreduce_and,
@@ -490,7 +495,7 @@ static const cx_transport_ops mpi_ops = {
     .destroy = mpi_destroy,
 };
 
-cfx_status cx_transport_mpi_create(cx_transport **out)
+cfx_status cx_transport_mpi_create(int pretend_local_size, cx_transport **out)
 {
     pthread_once(&mpi_once, init_mpi_once);
     if (mpi_init_status)
@@ -503,11 +508,11 @@ cfx_status cx_transport_mpi_create(cx_transport **out)
     int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm);
     if (rc != MPI_SUCCESS)
         return mpi_error(rc, "MPI_Comm_dup(MPI_COMM_WORLD)");
-    return from_comm(comm, out);
+    return from_comm(comm, pretend_local_size, out);
 }
 
 /* The transport over `comm` (owned from here on, also on failure). */
-static cfx_status from_comm(MPI_Comm comm, cx_transport **out)
+static cfx_status from_comm(MPI_Comm comm, int pretend_local_size, cx_transport **out)
 {
     mpi_transport *m = calloc(1, sizeof *m);
     if (!m) {
@@ -515,17 +520,14 @@ static cfx_status from_comm(MPI_Comm comm, cx_transport **out)
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for the MPI transport");
     }
     m->comm = comm;
+    m->pretend_local_size = pretend_local_size;
     pthread_mutex_init(&m->split_mu, NULL);
     MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
     int rc;
     MPI_Comm_rank(m->comm, &m->base.rank);
     MPI_Comm_size(m->comm, &m->base.size);
-    /* CFX_TEST_LOCAL_SIZE splits the job into pretend hosts of that many consecutive ranks, so the
-     * two-level paths can be tested on one machine. */
-    const char *fake = getenv("CFX_TEST_LOCAL_SIZE");
-    int fake_size = fake ? atoi(fake) : 0;
-    if (fake_size > 0)
-        rc = MPI_Comm_split(m->comm, m->base.rank / fake_size, m->base.rank, &m->local);
+        if (pretend_local_size > 0) /* tests: pretend hosts (cx_transport_mpi_create) */
+        rc = MPI_Comm_split(m->comm, m->base.rank / pretend_local_size, m->base.rank, &m->local);
     else
         rc = MPI_Comm_split_type(m->comm, MPI_COMM_TYPE_SHARED, m->base.rank, MPI_INFO_NULL, &m->local);
     if (rc == MPI_SUCCESS) {

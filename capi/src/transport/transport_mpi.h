@@ -15,7 +15,9 @@
 #include "transport/transport.h"
 
 /* Creates the transport on the calling thread (communicator creation is not thread-safe in Open
- * MPI). Collective over MPI_COMM_WORLD. */
-cfx_status cx_transport_mpi_create(cx_transport **out);
+ * MPI). Collective over MPI_COMM_WORLD. `pretend_local_size` > 0 (CFX_TEST_LOCAL_SIZE, tests
+ * only: base/test_hooks.h) splits the job into pretend hosts of that many consecutive ranks, so
+ * the two-level paths can be tested on one machine; 0 finds the real hosts. */
+cfx_status cx_transport_mpi_create(int pretend_local_size, cx_transport **out);
 
 #endif /* CFX_TRANSPORT_MPI_H */
