@@ -196,7 +196,7 @@ def test_a_small_pool_refuses_then_reuses_freed_memory():
 
 
 @pytest.mark.parametrize("value,match", [("banana", "CFX_SHARED_POOL_BYTES"),
-                                         ("100", "needs at least")])
+                                         ("100", "at least 4096 bytes are needed")])
 def test_malformed_pool_size_is_a_config_error(value, match):
     out = run_python("""
         import conflux
