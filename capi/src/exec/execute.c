@@ -7,6 +7,7 @@
 
 #include "base/dtype.h"
 #include "base/error.h"
+#include "base/hugemem.h"
 #include "base/split.h"
 #include "protocol/fusion.h"
 #include "kernels/compress.h"
@@ -176,9 +177,9 @@ void cx_exec_destroy(cx_exec *x)
     x->device = NULL;
     cx_adasum_free(x->adasum);
     x->adasum = NULL;
-    free(x->fusion);
-    free(x->scratch);
-    free(x->segs);
+    cx_huge_free(x->fusion, x->fusion_cap);
+    cx_huge_free(x->scratch, x->scratch_cap);
+    cx_huge_free(x->segs, x->segs_cap);
     x->fusion = x->scratch = x->segs = NULL;
     x->fusion_cap = x->scratch_cap = x->segs_cap = 0;
 }
@@ -191,7 +192,8 @@ void cx_exec_complete(cx_exec *x, cx_entry *e, cfx_status status, const char *me
     cx_entry_free(e);
 }
 
-/* Grows *buf to at least `bytes` (contents not kept). */
+/* Grows *buf to at least `bytes` (contents not kept). From 2 MiB on huge pages (hugemem.h): the
+ * fusion and scratch buffers are what MPI reduces on the cross-host path. */
 static cfx_status reserve(void **buf, size_t *cap, size_t bytes)
 {
     if (*cap >= bytes)
@@ -199,10 +201,10 @@ static cfx_status reserve(void **buf, size_t *cap, size_t bytes)
     size_t ncap = *cap ? *cap : 4096;
     while (ncap < bytes)
         ncap *= 2;
-    void *p = malloc(ncap);
+    void *p = cx_huge_alloc(ncap);
     if (!p)
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for a %zu-byte buffer", ncap);
-    free(*buf);
+    cx_huge_free(*buf, *cap);
     *buf = p;
     *cap = ncap;
     return CFX_OK;
