@@ -36,6 +36,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from torch_gloo import finish, init_gloo  # bench/ is the script's folder, first on sys.path
+
 DDP_BACKENDS = ["gloo"]  # DDP rows: one per torch.distributed backend named here
 REPS = {  # model -> mode -> (warm-up steps, timed steps)
     "resnet50_shaped": {"full": (5, 40), "quick": (3, 15), "smoke": (1, 2)},
@@ -112,11 +114,7 @@ def main():
     ap.add_argument("--threads", type=int, default=0,
                     help="torch.set_num_threads per rank (0: cores / ranks, at least 1)")
     args = ap.parse_args()
-    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")))
-    size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=size)
+    rank, size = init_gloo()
     # Intra-op threads: the ranks share the cores; more threads than cores per rank oversubscribe
     # (torch's default is every core in every rank).
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // size))
@@ -283,11 +281,7 @@ def main():
 
     if cfx is not None and hasattr(cfx, "shutdown"):
         cfx.shutdown()
-    dist.barrier()
-    dist.destroy_process_group()
-    if out:
-        out.close()
-    return 1 if failures else 0
+    return finish(out, failures)
 
 
 if __name__ == "__main__":
