@@ -111,6 +111,9 @@ def main():
     ap.add_argument("--bucket-bytes", default="",
                     help="comma list: also conflux.torch.DistributedOptimizer rows with these bucket sizes "
                          "(CFX_GRADSET_BUCKET_BYTES while each is made), in the same rounds: A/B of the plan")
+    ap.add_argument("--timeline", default="",
+                    help="the engine's timeline of the timed steps of each model into PATH (docs/timeline.md: "
+                         "when each bucket went out; %%r is the rank), e.g. /tmp/ag-%%r.json")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch.set_num_threads per rank (0: cores / ranks, at least 1)")
     args = ap.parse_args()
@@ -247,6 +250,8 @@ def main():
         warm, reps = REPS[model_name][args.mode]
         samples = {name: [] for name, *_ in methods}
         tails = {name: [] for name, *_ in methods}
+        if args.timeline and cfx is not None:
+            cfx.start_timeline(args.timeline.replace(".json", "." + model_name + ".json"))
         for r in range(warm + reps):
             for k in range(len(methods)):
                 name, m, opt, barrier = methods[(k + r) % len(methods)]
@@ -259,6 +264,8 @@ def main():
                 if r >= warm:
                     samples[name].append(float(dt[0]))
                     tails[name].append(float(dt[1]))
+        if args.timeline and cfx is not None:
+            cfx.stop_timeline()
         for name, m, opt, _ in methods:
             ok = checks.get(name, True)
             if name != "local":
