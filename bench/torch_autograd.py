@@ -40,7 +40,7 @@ from torch_gloo import finish, init_gloo  # bench/ is the script's folder, first
 
 DDP_BACKENDS = ["gloo"]  # DDP rows: one per torch.distributed backend named here
 REPS = {  # model -> mode -> (warm-up steps, timed steps)
-    "resnet50_shaped": {"full": (5, 40), "quick": (3, 15), "smoke": (1, 2)},
+    "resnet50_shaped": {"full": (5, 40), "quick": (3, 15), "smoke": (0, 1)},  # smoke: after the checked step
     "resnet18": {"full": (3, 20), "quick": (2, 8), "smoke": (1, 1)},
 }
 RESNET18_BATCH, RESNET18_IMAGE = 8, 64  # per rank: a small batch, so a step takes ~0.1-0.3 s per core
@@ -114,6 +114,9 @@ def main():
     ap.add_argument("--timeline", default="",
                     help="the engine's timeline of the timed steps of each model into PATH (docs/timeline.md: "
                          "when each bucket went out; %%r is the rank), e.g. /tmp/ag-%%r.json")
+    ap.add_argument("--perturb-rank", type=int, default=-1,
+                    help="tests only: this rank nudges one parameter of every method before the check, which "
+                         "must then fail (the check can fail)")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch.set_num_threads per rank (0: cores / ranks, at least 1)")
     args = ap.parse_args()
@@ -268,6 +271,9 @@ def main():
             cfx.stop_timeline()
         for name, m, opt, _ in methods:
             ok = checks.get(name, True)
+            if rank == args.perturb_rank:
+                with torch.no_grad():
+                    next(iter(m.parameters())).view(-1)[0] += 1.0
             if name != "local":
                 ok = all_ok = same_on_every_rank(digest(m.module if hasattr(m, "module") else m)) and ok
                 flag = torch.tensor([1 if all_ok else 0], dtype=torch.int32)

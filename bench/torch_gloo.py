@@ -197,6 +197,10 @@ def init_gloo():
     size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if "MASTER_PORT" not in os.environ and os.environ.get("PMIX_NAMESPACE", "").isdigit():
+        # Without bench/run's free port (ctest): one every rank derives alike from mpirun's job id,
+        # so that concurrent jobs pick different ones.
+        os.environ["MASTER_PORT"] = str(20000 + int(os.environ["PMIX_NAMESPACE"]) % 30000)
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=size)
     return rank, size
 
