@@ -191,6 +191,30 @@ def make_c_gradset_step(module, w):
     return grads, step
 
 
+def init_gloo():
+    """torch.distributed's default group on Gloo over env:// with mpirun's rank and size (also used
+    by torch_autograd.py); returns (rank, size)."""
+    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")))
+    size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if "MASTER_PORT" not in os.environ and os.environ.get("PMIX_NAMESPACE", "").isdigit():
+        # Without bench/run's free port (ctest): one every rank derives alike from mpirun's job id,
+        # so that concurrent jobs pick different ones.
+        os.environ["MASTER_PORT"] = str(20000 + int(os.environ["PMIX_NAMESPACE"]) % 30000)
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=size)
+    return rank, size
+
+
+def finish(out, failures):
+    """Leaves the group together, closes rank 0's raw file; the exit status (1 if a check failed)."""
+    dist.barrier()
+    dist.destroy_process_group()
+    if out:
+        out.close()
+    return 1 if failures else 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--spec", required=True)
@@ -200,11 +224,7 @@ def main():
                     help="auto: also time conflux.torch when it imports")
     args = ap.parse_args()
 
-    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")))
-    size = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=size)
+    rank, size = init_gloo()
     torch.set_num_threads(1)
 
     workloads = read_spec(args.spec)
@@ -325,11 +345,7 @@ def main():
             if hasattr(cfx, "shutdown"):
                 cfx.shutdown()
 
-    dist.barrier()
-    dist.destroy_process_group()
-    if out:
-        out.close()
-    return 1 if failures else 0
+    return finish(out, failures)
 
 
 if __name__ == "__main__":

@@ -393,3 +393,70 @@ int gs_case_errors(cfx_context *ctx)
     cfx_gradset_free(NULL);
     return failures;
 }
+
+/* The plan's small first bucket: gradients as backward produces them (the last registered first),
+ * small ones that fill the first bucket to just under 1 MiB, then one that no longer fits, then
+ * large ones (several MiB). With bucket_bytes 0 (the default: first bucket 1 MiB, then the default
+ * size) and with bucket_bytes 96 KiB (below 1 MiB: every bucket, the first too, at most that), the
+ * gradients are marked ready one by one, last registered first, and every element must equal the
+ * average over ranks computed here. */
+enum { FB_SMALL = 24, FB_GRADS = FB_SMALL + 3 };
+
+static int64_t fb_count(int k)
+{
+    /* registration order: two large (3 MiB, 2 MiB of float32), one of 300 KiB, then FB_SMALL of
+     * 40 KiB (960 KiB in all: they alone fit the first bucket) */
+    return k == 0 ? 786432 : k == 1 ? 524288 : k == 2 ? 76800 : 10240;
+}
+
+static int first_bucket_steps(cfx_context *ctx, int64_t bucket_bytes, const char *name)
+{
+    int failures = 0, rank = cfx_rank(ctx), size = cfx_size(ctx);
+    cfx_gradset_options o;
+    CASE_OK(cfx_gradset_options_init(&o, CFX_GRADSET_OPTIONS_VERSION));
+    o.bucket_bytes = bucket_bytes;
+    cfx_gradset *set = NULL;
+    int32_t index[FB_GRADS];
+    float *bufs[FB_GRADS] = {0};
+    int64_t shape[FB_GRADS][1];
+    CASE_OK(cfx_gradset_create(ctx, name, &o, &set));
+    for (int k = 0; k < FB_GRADS && set; k++) {
+        char n[32];
+        shape[k][0] = fb_count(k);
+        snprintf(n, sizeof n, "fb%02d.weight", k);
+        CASE_OK(cfx_gradset_add(set, n, &(cfx_tensor){NULL, shape[k], 1, CFX_FLOAT32, CFX_DEVICE_CPU,
+                                                     NULL}, &index[k]));
+    }
+    CASE_OK(cfx_gradset_commit(set));
+    for (int k = 0; k < FB_GRADS && set; k++)
+        CASE_OK(cfx_gradset_data(set, index[k], (void **)&bufs[k]));
+    for (int step = 0; step < 2 && bufs[FB_GRADS - 1]; step++) {
+        for (int k = FB_GRADS - 1; k >= 0; k--) { /* backward's order: fill, then mark ready */
+            for (int64_t j = 0; j < fb_count(k); j++)
+                bufs[k][j] = (float)contribution(rank, k, j, step, 0);
+            CASE_OK(cfx_gradset_ready(set, index[k]));
+        }
+        CASE_OK(cfx_gradset_wait(set, 60.0));
+        for (int k = 0; k < FB_GRADS; k++)
+            for (int64_t j = 0; j < fb_count(k); j++) {
+                double want = 0;
+                for (int r = 0; r < size; r++)
+                    want += (float)contribution(r, k, j, step, 0);
+                want /= size;
+                if (fabs(bufs[k][j] - want) > 1e-5 * fabs(want)) {
+                    CASE_CHECK(0, "%s step %d gradient %d element %lld: %.9g, expected %.9g", name, step,
+                               k, (long long)j, (double)bufs[k][j], want);
+                    k = FB_GRADS;
+                    break;
+                }
+            }
+    }
+    cfx_gradset_free(set);
+    return failures;
+}
+
+int gs_case_first_bucket(cfx_context *ctx)
+{
+    return first_bucket_steps(ctx, 0, "first_bucket.default") +
+           first_bucket_steps(ctx, 96 << 10, "first_bucket.96k");
+}

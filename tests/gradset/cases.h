@@ -24,6 +24,9 @@ int gs_case_threads(cfx_context *ctx);
 int gs_case_sum_int(cfx_context *ctx);
 /* Rank 0 shuts down while the others wait on a step: every wait fails with CFX_ERR_SHUT_DOWN. */
 int gs_case_shutdown_pending(cfx_context *ctx);
+/* The plan's small first bucket (at most 1 MiB, or bucket_bytes if smaller) before larger ones:
+ * gradients ready one by one in backward's order, averages checked, default and 96 KiB buckets. */
+int gs_case_first_bucket(cfx_context *ctx);
 /* Argument errors: bad options, data in an owned set, duplicate names, ready before commit. */
 int gs_case_errors(cfx_context *ctx);
 

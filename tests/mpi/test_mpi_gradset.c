@@ -25,6 +25,7 @@ static void mismatch(void **state) { (void)state; run(gs_case_mismatch); }
 static void threads(void **state) { (void)state; run(gs_case_threads); }
 static void sum_int(void **state) { (void)state; run(gs_case_sum_int); }
 static void errors(void **state) { (void)state; run(gs_case_errors); }
+static void first_bucket(void **state) { (void)state; run(gs_case_first_bucket); }
 static void shutdown_pending(void **state) { (void)state; run(gs_case_shutdown_pending); }
 
 int main(int argc, char **argv)
@@ -36,6 +37,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(mismatch),
         cmocka_unit_test(threads),
         cmocka_unit_test(sum_int),
+        cmocka_unit_test(first_bucket),
         cmocka_unit_test(errors),
         cmocka_unit_test(shutdown_pending),
     };

@@ -71,6 +71,7 @@ static void threads(void **state) { (void)state; each_size(gs_case_threads); }
 static void sum_int(void **state) { (void)state; each_size(gs_case_sum_int); }
 static void shutdown_pending(void **state) { (void)state; each_size(gs_case_shutdown_pending); }
 static void errors(void **state) { (void)state; each_size(gs_case_errors); }
+static void first_bucket(void **state) { (void)state; each_size(gs_case_first_bucket); }
 
 #if COUNT_ALLOCATIONS
 enum { RANKS = 3, GRADS = 40, WARMUP = 5, MEASURED = 30 };
@@ -151,6 +152,7 @@ int main(void)
         cmocka_unit_test(mismatch),
         cmocka_unit_test(threads),
         cmocka_unit_test(sum_int),
+        cmocka_unit_test(first_bucket),
         cmocka_unit_test(shutdown_pending),
         cmocka_unit_test(errors),
         cmocka_unit_test(no_allocation_per_step),

@@ -6,8 +6,8 @@
  * (step state, the loop's protocol) is engine/gradset.c.
  *
  * The bucket plan: gradients in reverse registration order (the order backward produces them),
- * cut into buckets of one dtype and device of at most bucket_bytes (a larger gradient is a bucket
- * of its own). Owned storage is one block of shared tensor memory; each bucket is a contiguous,
+ * cut into buckets of one dtype and device of at most bucket_bytes, the first of at most 1 MiB (a
+ * larger gradient is a bucket of its own). Owned storage is one block of shared tensor memory; each bucket is a contiguous,
  * 64-byte aligned range of it, and its gradients lie in it back to back (the framework's gradient
  * buffers are views into it, so a bucket is reduced in place as one segment).
  */
@@ -28,6 +28,12 @@
 #include "protocol/gradset_wire.h"
 #include "protocol/wire.h"
 
+/* The first bucket (the gradients backward produces first) holds at most 1 MiB, as DDP's does: it
+ * goes out while backward is still in the last layers, so that the background thread's first batch
+ * (an agreement, a pass over the direct path) overlaps with backward instead of waiting for the
+ * first full bucket. When every gradient is ready at once, consecutive ready buckets run as one
+ * batch (engine/gradset.c), so the cut costs nothing there. */
+#define FIRST_BUCKET_BYTES ((size_t)1 << 20)
 #define NAME_MAX_BYTES 4096
 
 cfx_status cfx_gradset_options_init(cfx_gradset_options *opts, uint32_t version)
@@ -391,14 +397,18 @@ static cfx_status plan(cfx_gradset *s, const reg_grad *order, uint32_t count)
         canon[k] = cx_strmap_get(&local, key); /* validated: present */
     }
     cx_strmap_destroy(&local);
-    /* Cut into buckets. */
+    /* Cut into buckets: the first at most FIRST_BUCKET_BYTES (bucket_bytes if smaller), the others
+     * at most bucket_bytes. */
     int32_t nb = 0;
     size_t bytes = 0;
+    size_t first_cap = (size_t)s->bucket_bytes < FIRST_BUCKET_BYTES ? (size_t)s->bucket_bytes
+                                                                    : FIRST_BUCKET_BYTES;
     for (uint32_t k = 0; k < count; k++) {
         cx_grad *g = canon[k];
         cx_bucket *cur = nb ? &s->buckets[nb - 1] : NULL;
+        size_t cap = nb == 1 ? first_cap : (size_t)s->bucket_bytes;
         bool fits = cur && cur->dtype == g->dtype && cur->device == g->device &&
-                    bytes + g->bytes <= (size_t)s->bucket_bytes;
+                    bytes + g->bytes <= cap;
         if (!fits) {
             cur = &s->buckets[nb++];
             cur->dtype = g->dtype;

@@ -18,11 +18,14 @@
 #define DEFAULT_CYCLE_TIME_MS 1.0
 #define DEFAULT_STALL_WARNING_S 60.0
 #define DEFAULT_STALL_TIMEOUT_S 600.0
-/* A gradient set's bucket, 64 MiB (Horovod's fusion threshold). Measured at 2 ranks (ResNet-50,
- * VGG-16, BERT-base, every gradient ready at once), 8 and 16 MiB buckets cost more batches (an
- * agreement and a direct-path pass each) than they gave back; smaller buckets overlap more with a
- * slow backward. CFX_GRADSET_BUCKET_BYTES or the options' bucket_bytes choose another. */
-#define DEFAULT_GRADSET_BUCKET_BYTES (64ll << 20)
+/* A gradient set's bucket, 25 MiB (DDP's bucket_cap_mb). It was 64 MiB, chosen on steps with every
+ * gradient ready at once, where overlap cannot show; through autograd (a ResNet-50-shaped model at
+ * 2 ranks, bench/torch_autograd.py) communication after backward was 33-42 ms at 64 MiB, 17 ms at
+ * 4 MiB and 50 ms at 256 MiB: what remains after backward is about the last bucket's reduction.
+ * When every gradient is ready at once, consecutive ready buckets still go out as one batch
+ * (engine/gradset.c), so the smaller size costs those steps little. CFX_GRADSET_BUCKET_BYTES or
+ * the options' bucket_bytes choose another. */
+#define DEFAULT_GRADSET_BUCKET_BYTES (25ll << 20)
 
 cfx_status cx_parse_bytes(const char *var, const char *text, int64_t *out)
 {

@@ -10,6 +10,7 @@
 
 #include "base/dtype.h"
 #include "base/error.h"
+#include "base/hugemem.h"
 #include "protocol/fusion.h"
 #include "kernels/reduce.h"
 #include "exec/adasum.h"
@@ -47,9 +48,9 @@ void cx_exec_destroy(cx_exec *x)
     x->device = NULL;
     cx_adasum_free(x->adasum);
     x->adasum = NULL;
-    free(x->fusion);
-    free(x->scratch);
-    free(x->segs);
+    cx_huge_free(x->fusion, x->fusion_cap);
+    cx_huge_free(x->scratch, x->scratch_cap);
+    cx_huge_free(x->segs, x->segs_cap);
     x->fusion = x->scratch = x->segs = NULL;
     x->fusion_cap = x->scratch_cap = x->segs_cap = 0;
 }
@@ -62,6 +63,8 @@ void cx_exec_complete(cx_exec *x, cx_entry *e, cfx_status status, const char *me
     cx_entry_free(e);
 }
 
+/* From 2 MiB on huge pages (hugemem.h): the fusion and scratch buffers are what MPI reduces on
+ * the cross-host path. */
 cfx_status cx_exec_reserve(void **buf, size_t *cap, size_t bytes)
 {
     if (*cap >= bytes)
@@ -69,10 +72,10 @@ cfx_status cx_exec_reserve(void **buf, size_t *cap, size_t bytes)
     size_t ncap = *cap ? *cap : 4096;
     while (ncap < bytes)
         ncap *= 2;
-    void *p = malloc(ncap);
+    void *p = cx_huge_alloc(ncap);
     if (!p)
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for a %zu-byte buffer", ncap);
-    free(*buf);
+    cx_huge_free(*buf, *cap);
     *buf = p;
     *cap = ncap;
     return CFX_OK;

@@ -103,6 +103,59 @@ static void exclude_from_dumps(void *p, size_t size)
     (void)madvise(p, size, MADV_DONTDUMP);
 }
 
+/* The bytes of reserved, unused hugetlb pages (HugePages_Free x Hugepagesize in /proc/meminfo) and
+ * their page size; 0 when none are reserved (vm.nr_hugepages = 0, the usual case) or unreadable. */
+static uint64_t free_hugetlb_bytes(uint64_t *page_bytes)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    unsigned long long pages = 0, kib = 0;
+    char line[128];
+    if (!f)
+        return 0;
+    while (fgets(line, sizeof line, f)) {
+        (void)sscanf(line, "HugePages_Free: %llu", &pages);
+        (void)sscanf(line, "Hugepagesize: %llu kB", &kib);
+    }
+    fclose(f);
+    *page_bytes = (uint64_t)kib << 10;
+    return (uint64_t)pages * *page_bytes;
+}
+
+/* The pool on reserved huge pages (memfd_create MFD_HUGETLB), when the host reserved enough of them
+ * for all of it: transparent huge pages do not reach shared memory where shmem_enabled is `never`,
+ * and a hugetlb file cannot be sparse beyond its reservation, so only a pool that the free
+ * reserved pages cover (CFX_SHARED_POOL_BYTES at most that) gets them. Mapped without
+ * MAP_NORESERVE, so the kernel reserves every page now or refuses (no SIGBUS at first touch).
+ * Returns the fd and sets *base and *size (rounded up to whole huge pages), or -1 to fall back to
+ * 4 KiB pages quietly. */
+static int hugetlb_pool(uint64_t *size, void **base)
+{
+#ifdef MFD_HUGETLB
+    uint64_t page = 0, avail = free_hugetlb_bytes(&page);
+    if (!page || avail < *size)
+        return -1;
+    uint64_t len = (*size + page - 1) / page * page;
+    if (len > avail)
+        return -1;
+    int fd = memfd_create("conflux-shared-pool", MFD_CLOEXEC | MFD_HUGETLB);
+    if (fd < 0)
+        return -1;
+    void *p = MAP_FAILED;
+    if (ftruncate(fd, (off_t)len) == 0)
+        p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        close(fd);
+        return -1;
+    }
+    *size = len;
+    *base = p;
+    return fd;
+#else
+    (void)size, (void)base;
+    return -1;
+#endif
+}
+
 /* Makes the pool (under the lock). A forked child drops its parent's: that memory is the
  * parent's to hand out, and is left mapped for whatever the child still reads from it. */
 static cfx_status ensure_pool(void)
@@ -126,17 +179,21 @@ static cfx_status ensure_pool(void)
         return st;
     uint64_t size = (uint64_t)bytes;
     size = (size + PAGE - 1) / PAGE * PAGE;
-    int fd = memfd_create("conflux-shared-pool", MFD_CLOEXEC);
+    void *p = MAP_FAILED;
+    int fd = hugetlb_pool(&size, &p);
+    if (fd < 0)
+        fd = memfd_create("conflux-shared-pool", MFD_CLOEXEC);
     if (fd < 0)
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "cannot create the shared pool: memfd_create: %s",
                        strerror(errno));
-    if (ftruncate(fd, (off_t)size) != 0) {
+    if (p == MAP_FAILED && ftruncate(fd, (off_t)size) != 0) {
         int e = errno;
         close(fd);
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "cannot size the shared pool to %llu bytes: %s",
                        (unsigned long long)size, strerror(e));
     }
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+    if (p == MAP_FAILED)
+        p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
     if (p == MAP_FAILED) {
         int e = errno;
         close(fd);

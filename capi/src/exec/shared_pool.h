@@ -10,7 +10,9 @@
  * foreign pointer or a double free from a block even if the caller wrote past its end. Freed whole
  * pages go back to the kernel (fallocate PUNCH_HOLE). Core dumps leave the pool out: reading its
  * holes would make them memory. After fork the child starts an empty pool of
- * its own (its parent's blocks are not its to hand out).
+ * its own (its parent's blocks are not its to hand out). Where the host reserved enough hugetlb
+ * pages for the whole pool (vm.nr_hugepages; then CFX_SHARED_POOL_BYTES within them), the memfd is
+ * MFD_HUGETLB and reserved up front; otherwise, quietly, 4 KiB pages.
  */
 #ifndef CFX_SHARED_POOL_H
 #define CFX_SHARED_POOL_H
