@@ -195,7 +195,8 @@ static cfx_status setup_data_path(cfx_context *ctx)
 {
     cx_transport *t = ctx->transport;
     const cx_config *c = &ctx->cfg;
-    bool mpi = strcmp(t->ops->name, "mpi") == 0;
+    /* The cross-process transports (Gloo's local group is the ranks with one host name). */
+    bool mpi = strcmp(t->ops->name, "mpi") == 0 || strcmp(t->ops->name, "gloo") == 0;
     bool wanted = c->shm == 1 || (c->shm == -1 && mpi);
     if (t->size == 1 || !wanted)
         return CFX_OK;
