@@ -1,6 +1,7 @@
 /* world - how a context finds its world and builds its transport (see world.h). */
 #include "engine/world.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -52,6 +53,9 @@ static cfx_status cannot_join(const cx_launch *l, const char *why)
 }
 
 #if CFX_HAVE_GLOO
+/* The worlds this process joined over Gloo (process-wide: each names its store key space). */
+static atomic_uint worlds_joined;
+
 static cfx_status join_over_gloo(const cx_config *cfg, const cx_launch *l,
                                  const cfx_store_callbacks *handed, cx_transport **out)
 {
@@ -59,6 +63,11 @@ static cfx_status join_over_gloo(const cx_config *cfg, const cx_launch *l,
     cfx_status st = cx_launch_timeouts(NULL, NULL, &rendezvous_s, &transport_s);
     if (st)
         return st;
+    /* Every world this process joins gets its own key space (contexts made one after another in
+     * one job meet through the same store); every rank of a job calls cfx_init alike. */
+    unsigned generation = (unsigned)atomic_fetch_add(&worlds_joined, 1) + 1;
+    char space[32];
+    snprintf(space, sizeof space, "world%u", generation);
     cx_store *store = NULL;
     int serve = l->rank == 0 && !l->store_served_by_launcher;
     if (handed)
@@ -66,7 +75,10 @@ static cfx_status join_over_gloo(const cx_config *cfg, const cx_launch *l,
     else if (l->store_dir[0])
         st = cx_store_file_create(l->store_dir, &store);
     else
-        st = cx_store_tcp_create(l->store_host, l->store_port, serve, rendezvous_s, &store);
+        st = cx_store_tcp_create(l->store_host, l->store_port, serve, generation, rendezvous_s,
+                                 &store);
+    if (!st)
+        st = cx_store_prefixed(store, space, 1, &store);
     cx_logger lg = {.level = cfg->log_level, .rank = l->rank, .fd = 2, .owns_fd = 0};
     if (!st)
         cx_log(&lg, CX_LOG_INFO, "world", "rank %d of %d from %s; meeting through the %s%s%s%s",

@@ -55,6 +55,7 @@ void cx_store_destroy(cx_store *s)
 typedef struct prefixed_store {
     cx_store base;
     cx_store *inner;
+    int owns_inner;
     char prefix[256];
 } prefixed_store;
 
@@ -111,23 +112,35 @@ static cfx_status prefixed_wait(cx_store *s, const char *const *keys, size_t n, 
     return st;
 }
 
-static void prefixed_destroy(cx_store *s) { free(s); }
+static void prefixed_destroy(cx_store *s)
+{
+    prefixed_store *p = (prefixed_store *)s;
+    if (p->owns_inner)
+        cx_store_destroy(p->inner);
+    free(p);
+}
 
 static const cx_store_ops prefixed_ops = {"prefixed store", prefixed_set, prefixed_check,
                                           prefixed_get, prefixed_wait, prefixed_destroy};
 
-cfx_status cx_store_prefixed(cx_store *base, const char *prefix, cx_store **out)
+cfx_status cx_store_prefixed(cx_store *base, const char *prefix, int owns_base, cx_store **out)
 {
     prefixed_store *p = calloc(1, sizeof *p);
-    if (!p)
-        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "rendezvous: no memory for a prefixed store");
-    if (strlen(prefix) >= sizeof p->prefix) {
+    cfx_status st = !p ? cx_fail(CFX_ERR_OUT_OF_MEMORY, "rendezvous: no memory for a prefixed store")
+        : strlen(prefix) >= sizeof p->prefix
+        ? cx_fail(CFX_ERR_INVALID_ARGUMENT, "rendezvous: prefix \"%s\" is too long", prefix)
+        : CFX_OK;
+    if (st) {
         free(p);
-        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "rendezvous: prefix \"%s\" is too long", prefix);
+        if (owns_base)
+            cx_store_destroy(base);
+        return st;
     }
     p->base.ops = &prefixed_ops;
     snprintf(p->base.where, sizeof p->base.where, "%s", base->where);
+    snprintf(p->base.local_addr, sizeof p->base.local_addr, "%s", base->local_addr);
     p->inner = base;
+    p->owns_inner = owns_base;
     snprintf(p->prefix, sizeof p->prefix, "%s", prefix);
     *out = &p->base;
     return CFX_OK;

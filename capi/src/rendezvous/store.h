@@ -54,9 +54,9 @@ static inline cfx_status cx_store_set(cx_store *s, const char *key, const void *
 
 void cx_store_destroy(cx_store *s);
 
-/* A view of `base` whose keys all start with "prefix/" (base is borrowed: it must outlive the
- * view). */
-cfx_status cx_store_prefixed(cx_store *base, const char *prefix, cx_store **out);
+/* A view of `base` whose keys all start with "prefix/". With owns_base the view frees base (also
+ * when this call fails); otherwise base must outlive the view. */
+cfx_status cx_store_prefixed(cx_store *base, const char *prefix, int owns_base, cx_store **out);
 
 /* The store handed in through the ABI (the callbacks are copied; their user pointer is borrowed). */
 cfx_status cx_store_from_callbacks(const cfx_store_callbacks *cb, cx_store **out);
@@ -66,9 +66,12 @@ cfx_status cx_store_file_create(const char *dir, cx_store **out);
 
 /* A TCP store client of the server at host:port, connecting until timeout_s (the server may start
  * later). When `serve` is set, this process first starts the server on port (all addresses):
- * CFX_ERR_CONFIG naming the port when it is taken. The server lives until cx_store_destroy. */
-cfx_status cx_store_tcp_create(const char *host, int port, int serve, double timeout_s,
-                               cx_store **out);
+ * CFX_ERR_CONFIG naming the port when it is taken. The server lives until cx_store_destroy.
+ * `generation` (>= 1) numbers the worlds one job forms one after another on the same port: a
+ * server of an earlier world that is still shutting down is passed over (a launcher's server says
+ * 0: it serves every generation). */
+cfx_status cx_store_tcp_create(const char *host, int port, int serve, unsigned generation,
+                               double timeout_s, cx_store **out);
 
 #ifdef __cplusplus
 }

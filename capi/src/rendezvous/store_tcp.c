@@ -3,7 +3,8 @@
  * protocol) holding every key in memory, and a client connection in every rank.
  *
  * Protocol (integers are 32-bit big-endian): on connect the server sends the 10-byte greeting
- * "CFXSTORE1\n" (a client that reads anything else has reached some other program). Requests:
+ * "CFXSTORE1\n" (a client that reads anything else has reached some other program) and its
+ * generation (0: any; else the world it serves, see store.h). Requests:
  * 'S' klen key vlen value -> 1 byte (1); 'C' klen key -> 1 byte (1 set, 0 not); 'G' klen key -> 1
  * byte (set or not), then vlen value when set. Keys are set once; a client waits by polling 'C'.
  */
@@ -38,6 +39,7 @@ typedef struct entry {
 
 typedef struct tcp_server {
     int listen_fd, wake[2];
+    unsigned generation;
     pthread_t thread;
     entry *entries;
     size_t n_entries, cap_entries;
@@ -207,7 +209,10 @@ static void *server_main(void *arg)
             if (c >= 0) {
                 int one = 1;
                 setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-                if (write_full(c, GREETING, GREETING_LEN) == 0)
+                unsigned char hello[GREETING_LEN + 4];
+                memcpy(hello, GREETING, GREETING_LEN);
+                put_u32(hello + GREETING_LEN, s->generation);
+                if (write_full(c, hello, sizeof hello) == 0)
                     fds[n++] = (struct pollfd){.fd = c, .events = POLLIN};
                 else
                     close(c);
@@ -245,11 +250,12 @@ static void server_stop(tcp_server *s)
     free(s);
 }
 
-static cfx_status server_start(int port, tcp_server **out)
+static cfx_status server_start(int port, unsigned generation, tcp_server **out)
 {
     tcp_server *s = calloc(1, sizeof *s);
     if (!s)
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "rendezvous: no memory for the TCP store's server");
+    s->generation = generation;
     s->listen_fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int v6 = s->listen_fd >= 0;
     if (!v6)
@@ -406,8 +412,8 @@ static int connect_once(const char *host, int port, double io_timeout_s, int *ga
     return fd;
 }
 
-cfx_status cx_store_tcp_create(const char *host, int port, int serve, double timeout_s,
-                               cx_store **out)
+cfx_status cx_store_tcp_create(const char *host, int port, int serve, unsigned generation,
+                               double timeout_s, cx_store **out)
 {
     tcp_store *t = calloc(1, sizeof *t);
     if (!t)
@@ -417,7 +423,7 @@ cfx_status cx_store_tcp_create(const char *host, int port, int serve, double tim
     t->base.ops = &tcp_ops;
     pthread_mutex_init(&t->mu, NULL);
     snprintf(t->base.where, sizeof t->base.where, "TCP store at %s:%d", host, port);
-    cfx_status st = serve ? server_start(port, &t->server) : CFX_OK;
+    cfx_status st = serve ? server_start(port, generation, &t->server) : CFX_OK;
     double deadline = cx_now_s() + timeout_s;
     int gai = 0, err = 0;
     long pause_ns = 1000000L;
@@ -427,12 +433,19 @@ cfx_status cx_store_tcp_create(const char *host, int port, int serve, double tim
         t->fd = connect_once(host, port, timeout_s, &gai);
         err = errno;
         if (t->fd >= 0) {
-            char greeting[GREETING_LEN];
-            if (read_full(t->fd, greeting, GREETING_LEN) ||
-                memcmp(greeting, GREETING, GREETING_LEN) != 0)
+            unsigned char hello[GREETING_LEN + 4];
+            if (read_full(t->fd, hello, sizeof hello) || memcmp(hello, GREETING, GREETING_LEN)) {
                 st = cx_fail(CFX_ERR_CONFIG, "rendezvous: something other than a Conflux store "
                              "answers at %s:%d (set CFX_RENDEZVOUS_PORT to a free port)", host, port);
-            break;
+                break;
+            }
+            unsigned served = get_u32(hello + GREETING_LEN);
+            if (served == 0 || served == generation)
+                break;
+            /* The server of an earlier world, shutting down: wait for this world's. */
+            close(t->fd);
+            t->fd = -1;
+            err = ECONNREFUSED;
         }
         if (cx_now_s() >= deadline) {
             st = cx_fail(CFX_ERR_TIMEOUT, "rendezvous: cannot reach the %s within %g s: %s (is "
