@@ -201,10 +201,13 @@ static cfx_status callback_wait(cx_store *s, const char *const *keys, size_t n, 
 {
     callback_store *c = (callback_store *)s;
     int rc = c->cb.wait(c->cb.user, keys, n, timeout_s);
-    if (rc == 1)
-        return cx_fail(CFX_ERR_TIMEOUT, "rendezvous: keys \"%s\"%s were not set in the %s within "
-                       "%g s (a rank that never arrived?)", n ? keys[0] : "", n > 1 ? ", ..." : "",
-                       s->where, timeout_s);
+    if (rc == 1) {
+        size_t missing = 0; /* name the first key still unset */
+        while (missing + 1 < n && c->cb.wait(c->cb.user, &keys[missing], 1, 0.0) == 0)
+            missing++;
+        return cx_fail(CFX_ERR_TIMEOUT, "rendezvous: key \"%s\" was not set in the %s within %g s "
+                       "(a rank that never arrived?)", n ? keys[missing] : "", s->where, timeout_s);
+    }
     return rc ? cx_fail(CFX_ERR_TRANSPORT, "rendezvous: the store's wait callback returned %d", rc)
               : CFX_OK;
 }
