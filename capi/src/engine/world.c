@@ -69,7 +69,8 @@ static cfx_status join_over_gloo(const cx_config *cfg, const cx_launch *l,
     char space[32];
     snprintf(space, sizeof space, "world%u", generation);
     cx_store *store = NULL;
-    int serve = l->rank == 0 && !l->store_served_by_launcher;
+    int store_on_rank0 = !handed && !l->store_dir[0] && !l->store_served_by_launcher;
+    int serve = l->rank == 0 && store_on_rank0;
     if (handed)
         st = cx_store_from_callbacks(handed, &store);
     else if (l->store_dir[0])
@@ -87,7 +88,8 @@ static cfx_status join_over_gloo(const cx_config *cfg, const cx_launch *l,
                l->store_source[0] ? ")" : "");
     if (!st)
         st = cx_transport_gloo_create(store, &(cx_gloo_params){l->rank, l->size, transport_s,
-                                                               rendezvous_s, l->test_local_size},
+                                                               rendezvous_s, l->test_local_size,
+                                                               store_on_rank0},
                                       out);
     if (st) {
         char msg[CX_ERROR_MAX];

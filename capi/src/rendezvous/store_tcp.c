@@ -381,7 +381,17 @@ static void tcp_destroy(cx_store *s)
     free(t);
 }
 
-static const cx_store_ops tcp_ops = {"TCP store", tcp_set, tcp_check, tcp_get, NULL, tcp_destroy};
+/* shutdown() (not close: the descriptor stays valid for the thread using it) wakes a blocked
+ * recv with an error. */
+static void tcp_interrupt(cx_store *s)
+{
+    tcp_store *t = (tcp_store *)s;
+    if (t->fd >= 0)
+        shutdown(t->fd, SHUT_RDWR);
+}
+
+static const cx_store_ops tcp_ops = {"TCP store", tcp_set, tcp_check, tcp_get, NULL, tcp_interrupt,
+                                     tcp_destroy};
 
 /* One connection attempt to any address of host:port: the socket, or -1 (errno set). */
 static int connect_once(const char *host, int port, double io_timeout_s, int *gai_error)

@@ -16,6 +16,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <thread>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -102,13 +104,112 @@ struct Root {
     int world_rank = 0, world_size = 0;
     double timeout_s = 30, rendezvous_s = 60;
     int test_local_size = 0;
+    int store_on_rank0 = 0;
+    std::atomic<bool> broken{false}; /* a peer was lost: no goodbye through the store */
+    /* Heartbeats through the store, so a timeout can name the rank that went silent (a stopped
+     * process keeps its connections open: only its silence shows). */
+    std::thread beat;
+    std::mutex beat_mu;
+    std::condition_variable beat_cv;
+    bool beat_stop = false;
+    double beat_period_s = 1;
+    std::vector<std::string> beat_seen; /* per world rank: its last counter */
+    std::vector<double> beat_advanced;  /* per world rank: when its counter last moved */
+    double beat_round = 0;              /* when the store last answered a whole round */
 };
+
+double steady_s()
+{
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+void beat_main(Root *root)
+{
+    const int n = root->world_size;
+    std::vector<std::string> keys;
+    for (int r = 0; r < n; r++)
+        keys.push_back("beat/" + std::to_string(r));
+    std::unique_lock<std::mutex> hold(root->beat_mu);
+    for (uint64_t count = 1; !root->beat_stop; count++) {
+        hold.unlock();
+        std::string mine = std::to_string(count);
+        bool ok = !cx_store_set(root->store, keys[root->world_rank].c_str(), mine.data(),
+                                mine.size());
+        std::vector<std::string> seen(static_cast<size_t>(n));
+        for (int r = 0; ok && r < n; r++) {
+            int present = 0;
+            void *data = nullptr;
+            size_t len = 0;
+            ok = !root->store->ops->check(root->store, keys[r].c_str(), &present);
+            if (ok && present && !(ok = !root->store->ops->get(root->store, keys[r].c_str(), &data,
+                                                               &len)))
+                break;
+            if (data)
+                seen[r].assign(static_cast<char *>(data), len);
+            free(data);
+        }
+        hold.lock();
+        double now = steady_s();
+        if (ok) {
+            for (int r = 0; r < n; r++)
+                if (seen[r] != root->beat_seen[r]) {
+                    root->beat_seen[r] = seen[r];
+                    root->beat_advanced[r] = now;
+                }
+            root->beat_round = now;
+        }
+        root->beat_cv.wait_for(hold, std::chrono::duration<double>(root->beat_period_s));
+    }
+}
+
+void start_heartbeat(Root *root)
+{
+    double now = steady_s();
+    root->beat_period_s = std::max(0.5, std::min(2.0, root->timeout_s / 5));
+    root->beat_seen.assign(static_cast<size_t>(root->world_size), std::string());
+    root->beat_advanced.assign(static_cast<size_t>(root->world_size), now);
+    root->beat_round = now;
+    root->beat = std::thread(beat_main, root);
+}
+
+void stop_heartbeat(Root *root)
+{
+    if (!root->beat.joinable())
+        return;
+    {
+        std::lock_guard<std::mutex> hold(root->beat_mu);
+        root->beat_stop = true;
+    }
+    root->beat_cv.notify_all();
+    if (root->broken)
+        cx_store_interrupt(root->store); /* it may be blocked on a silent store server */
+    root->beat.join();
+}
+
+/* World ranks whose heartbeat stopped (more than 2.5 periods), and whether the store went silent
+ * itself (then the heartbeats say nothing new). */
+std::vector<int> silent_world_ranks(Root *root, bool *store_silent)
+{
+    std::lock_guard<std::mutex> hold(root->beat_mu);
+    double now = steady_s(), stale = 2.5 * root->beat_period_s;
+    std::vector<int> out;
+    *store_silent = now - root->beat_round > stale;
+    for (int r = 0; !*store_silent && r < root->world_size; r++)
+        if (r != root->world_rank && now - root->beat_advanced[r] > stale)
+            out.push_back(r);
+    return out;
+}
 
 struct State {
     Root *root = nullptr;
     std::string prefix;                         /* this transport's key space in the store */
     std::shared_ptr<gloo::Context> ctx, cross;  /* cross: NULL when cross_size is 1 */
     std::vector<std::string> hosts, addrs;      /* per rank: host name, address Gloo listens on */
+    std::vector<int> world_ranks;               /* per rank: its rank in the world */
+    /* The peer's end of each of this rank's pairs ("[10.0.0.2]:4567", as Gloo's messages write
+     * it) -> that peer's rank: an I/O error names the address, the message names the rank. */
+    std::vector<std::pair<std::string, int>> pair_peers;
     std::vector<int> local_members, cross_members; /* ranks, in local / cross rank order */
     unsigned split_count = 0;
     std::mutex split_mu;
@@ -136,7 +237,21 @@ std::string suspects(const State *s, int self, const std::string &text)
     };
     if (n == 2)
         return one(1 - self);
+    for (const auto &p : s->pair_peers)
+        if (text.find(p.first) != std::string::npos)
+            return one(p.second);
+    /* A silence: the heartbeats say who stopped. */
+    bool store_silent = false;
+    std::vector<int> quiet = silent_world_ranks(s->root, &store_silent);
     std::string found;
+    for (int r = 0; r < n; r++)
+        if (r != self && std::find(quiet.begin(), quiet.end(), s->world_ranks[r]) != quiet.end())
+            found += (found.empty() ? "" : " and ") + one(r);
+    if (!found.empty())
+        return found + " (no heartbeat for over " +
+               std::to_string(static_cast<int>(2.5 * s->root->beat_period_s + 0.5)) + " s)";
+    if (store_silent && s->root->store_on_rank0 && s->world_ranks[0] == 0 && self != 0)
+        return one(0) + " (the rendezvous store it serves stopped answering too)";
     size_t open = text.find('[');
     size_t close = open == std::string::npos ? open : text.find(']', open);
     if (close != std::string::npos) {
@@ -162,6 +277,7 @@ template <class F> cfx_status guarded(cx_transport *t, const char *what, F &&bod
         body();
         return CFX_OK;
     } catch (const gloo::IoException &e) {
+        s->root->broken = true;
         return cx_fail(CFX_ERR_PEER_LOST, "gloo %s (rank %d of %d): a peer died or stopped "
                        "answering within %g s (CFX_TRANSPORT_TIMEOUT_S): suspect %s; gloo says: %s",
                        what, t->rank, t->size, s->root->timeout_s,
@@ -502,11 +618,14 @@ void release_root(Root *root)
 {
     if (--root->refs > 0)
         return;
+    stop_heartbeat(root);
     /* Rank 0 may serve the TCP store: it waits until every rank has said it is done with the store
-     * (bounded by the rendezvous deadline) before the server goes away under them. */
+     * (bounded by the rendezvous deadline) before the server goes away under them. After a peer
+     * was lost nobody waits for it. */
     std::string mine = "world-done/" + std::to_string(root->world_rank);
-    cx_store_set(root->store, mine.c_str(), "", 0);
-    if (root->world_rank == 0) {
+    if (!root->broken)
+        cx_store_set(root->store, mine.c_str(), "", 0);
+    if (root->world_rank == 0 && !root->broken) {
         std::vector<std::string> keys;
         std::vector<const char *> k;
         for (int r = 0; r < root->world_size; r++)
@@ -570,6 +689,31 @@ std::string host_name(const Root *root, int world_rank)
     return name;
 }
 
+/* Each rank publishes the addresses its pairs listen on, one line per peer "PEER ADDRESS"; each
+ * rank keeps the lines that name it: the address a failing pair's messages show -> that rank. */
+void learn_pair_peers(State *s, gloo::rendezvous::Store &store, gloo::Context &ctx)
+{
+    std::string mine;
+    for (int q = 0; q < ctx.size; q++)
+        if (q != ctx.rank)
+            mine += std::to_string(q) + " " + ctx.getPair(q)->address().str() + "\n";
+    store.set("pairs/" + std::to_string(ctx.rank), std::vector<char>(mine.begin(), mine.end()));
+    for (int r = 0; r < ctx.size; r++) {
+        if (r == ctx.rank)
+            continue;
+        std::vector<char> v = store.get("pairs/" + std::to_string(r));
+        std::string text(v.begin(), v.end());
+        for (size_t at = 0; at < text.size();) {
+            size_t nl = text.find('\n', at), sp = text.find(' ', at);
+            if (nl == std::string::npos || sp == std::string::npos || sp > nl)
+                break;
+            if (std::stoi(text.substr(at, sp - at)) == ctx.rank)
+                s->pair_peers.emplace_back(text.substr(sp + 1, nl - sp - 1), r);
+            at = nl + 1;
+        }
+    }
+}
+
 /* The transport over `size` ranks meeting under `prefix`: hosts and addresses through the store,
  * then the local and cross groups, then Gloo's full mesh (and the cross mesh). */
 cfx_status build(Root *root, const std::string &prefix, int rank, int size, cx_transport **out)
@@ -590,14 +734,17 @@ cfx_status build(Root *root, const std::string &prefix, int rank, int size, cx_t
     cfx_status st = guarded(t, "connection of the ranks", [&] {
         StoreAdapter whole(root->store, root->rendezvous_s);
         gloo::rendezvous::PrefixStore store(prefix, whole);
-        std::string me = host_name(root, root->world_rank) + "\n" + root->dev->str();
+        std::string me = host_name(root, root->world_rank) + "\n" + root->dev->str() + "\n" +
+                         std::to_string(root->world_rank);
         store.set("host/" + std::to_string(rank), std::vector<char>(me.begin(), me.end()));
         for (int r = 0; r < size; r++) {
             std::vector<char> v = store.get("host/" + std::to_string(r));
             std::string text(v.begin(), v.end());
             size_t nl = text.find('\n');
             s->hosts.push_back(text.substr(0, nl));
-            std::string addr = nl == std::string::npos ? "" : text.substr(nl + 1);
+            size_t nl2 = nl == std::string::npos ? nl : text.find('\n', nl + 1);
+            std::string addr = nl == std::string::npos ? "" : text.substr(nl + 1, nl2 - nl - 1);
+            s->world_ranks.push_back(nl2 == std::string::npos ? r : std::stoi(text.substr(nl2 + 1)));
             /* Device::str() is "[address]" (with an interface sometimes): keep the address. */
             size_t a = addr.find('['), b = addr.find(']');
             s->addrs.push_back(a != std::string::npos && b != std::string::npos
@@ -634,6 +781,7 @@ cfx_status build(Root *root, const std::string &prefix, int rank, int size, cx_t
         world->connectFullMesh(mesh, root->dev);
         world->setTimeout(deadline_of(s));
         s->ctx = world;
+        learn_pair_peers(s, store, *world);
         if (t->cross_size > 1) {
             auto cross = std::make_shared<gloo::rendezvous::Context>(t->cross_rank, t->cross_size);
             cross->setTimeout(millis(static_cast<long>(root->rendezvous_s * 1000)));
@@ -683,10 +831,19 @@ extern "C" cfx_status cx_transport_gloo_create(cx_store *store, const cx_gloo_pa
         delete root;
         return cx_fail(CFX_ERR_TRANSPORT, "gloo: cannot open a TCP device: %s", e.what());
     }
+    root->store_on_rank0 = p->store_on_rank0;
     cfx_status st = build(root, "world", p->rank, p->size, out);
     if (st) {
         cx_store_destroy(store);
         delete root;
+        return st;
     }
-    return st;
+    try {
+        start_heartbeat(root);
+    } catch (const std::exception &e) {
+        gloo_destroy(*out);
+        *out = nullptr;
+        return cx_fail(CFX_ERR_INTERNAL, "gloo: cannot start the heartbeat thread: %s", e.what());
+    }
+    return CFX_OK;
 }

@@ -24,6 +24,7 @@ typedef struct cx_gloo_params {
     double timeout_s;    /* bounds every transport wait (CFX_TRANSPORT_TIMEOUT_S) */
     double rendezvous_s; /* bounds the meeting and the mesh's connection (CFX_RENDEZVOUS_TIMEOUT_S) */
     int test_local_size; /* > 0: pretend hosts of that many consecutive ranks (tests) */
+    int store_on_rank0;  /* rank 0 serves the TCP store (its silence silences the store) */
 } cx_gloo_params;
 
 /* Joins the world through `store` (taken over, also on failure: the transport frees it after every
