@@ -444,15 +444,17 @@ cfx_status cx_store_tcp_create(const char *host, int port, int serve, unsigned g
         err = errno;
         if (t->fd >= 0) {
             unsigned char hello[GREETING_LEN + 4];
-            if (read_full(t->fd, hello, sizeof hello) || memcmp(hello, GREETING, GREETING_LEN)) {
+            int unread = read_full(t->fd, hello, sizeof hello);
+            if (!unread && memcmp(hello, GREETING, GREETING_LEN)) {
                 st = cx_fail(CFX_ERR_CONFIG, "rendezvous: something other than a Conflux store "
                              "answers at %s:%d (set CFX_RENDEZVOUS_PORT to a free port)", host, port);
                 break;
             }
-            unsigned served = get_u32(hello + GREETING_LEN);
+            unsigned served = unread ? ~0u : get_u32(hello + GREETING_LEN);
             if (served == 0 || served == generation)
                 break;
-            /* The server of an earlier world, shutting down: wait for this world's. */
+            /* Closed before greeting (a server shutting down), or the server of an earlier world
+             * shutting down: wait for this world's. */
             close(t->fd);
             t->fd = -1;
             err = ECONNREFUSED;

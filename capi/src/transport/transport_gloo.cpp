@@ -11,10 +11,13 @@
  */
 #include "transport/transport_gloo.h"
 
+#include <dirent.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <cstdio>
 #include <chrono>
 #include <condition_variable>
 #include <thread>
@@ -207,8 +210,8 @@ struct State {
     std::shared_ptr<gloo::Context> ctx, cross;  /* cross: NULL when cross_size is 1 */
     std::vector<std::string> hosts, addrs;      /* per rank: host name, address Gloo listens on */
     std::vector<int> world_ranks;               /* per rank: its rank in the world */
-    /* The peer's end of each of this rank's pairs ("[10.0.0.2]:4567", as Gloo's messages write
-     * it) -> that peer's rank: an I/O error names the address, the message names the rank. */
+    /* Every other rank's socket endpoints ("[10.0.0.2]:4567", as Gloo's messages write them) ->
+     * that rank: an I/O error names the address, the message names the rank. */
     std::vector<std::pair<std::string, int>> pair_peers;
     std::vector<int> local_members, cross_members; /* ranks, in local / cross rank order */
     unsigned split_count = 0;
@@ -229,39 +232,75 @@ millis deadline_of(const State *s)
 
 /* Who an I/O failure points at: the only other rank of two, or the ranks at the address Gloo's
  * message names ("[10.0.0.2]:4567"), or every host. */
-std::string suspects(const State *s, int self, const std::string &text)
+/* What another rank that lost a peer first published ("blame/<world rank>" = the world rank it
+ * named), when the store still answers: a rank whose connection was closed by a survivor shutting
+ * down learns from that survivor who was lost. -1 when nobody said. */
+int blamed_by_others(const State *s)
+{
+    Root *root = s->root;
+    bool store_silent = false;
+    silent_world_ranks(root, &store_silent);
+    if (store_silent)
+        return -1; /* a silent store would hold this thread too */
+    for (int attempt = 0; attempt < 5; attempt++) {
+        for (int r = 0; r < root->world_size; r++) {
+            std::string key = "blame/" + std::to_string(r);
+            int present = 0;
+            void *data = nullptr;
+            size_t len = 0;
+            if (r == root->world_rank || root->store->ops->check(root->store, key.c_str(), &present) ||
+                !present || root->store->ops->get(root->store, key.c_str(), &data, &len))
+                continue;
+            int blamed = std::atoi(std::string(static_cast<char *>(data), len).c_str());
+            free(data);
+            return blamed;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return -1;
+}
+
+/* Who an I/O failure points at, and that rank's world rank (-1 when not one rank): the only other
+ * rank of two; the rank whose pair address Gloo's message names; the ranks whose heartbeat
+ * stopped; rank 0 when the store it serves went silent; the rank another survivor named. */
+std::string suspects(const State *s, int self, const std::string &text, int *world_rank)
 {
     const int n = static_cast<int>(s->hosts.size());
     auto one = [&](int r) {
+        *world_rank = s->world_ranks[r];
         return "rank " + std::to_string(r) + " on host " + s->hosts[r];
     };
+    *world_rank = -1;
     if (n == 2)
         return one(1 - self);
-    for (const auto &p : s->pair_peers)
-        if (text.find(p.first) != std::string::npos)
-            return one(p.second);
-    /* A silence: the heartbeats say who stopped. */
+    for (const auto &p : s->pair_peers) /* "[ip]:port" followed by a non-digit */
+        for (size_t at = text.find(p.first); at != std::string::npos;
+             at = text.find(p.first, at + 1))
+            if (!isdigit(static_cast<unsigned char>(text[at + p.first.size()])))
+                return one(p.second);
     bool store_silent = false;
     std::vector<int> quiet = silent_world_ranks(s->root, &store_silent);
-    std::string found;
+    std::vector<int> quiet_here;
     for (int r = 0; r < n; r++)
         if (r != self && std::find(quiet.begin(), quiet.end(), s->world_ranks[r]) != quiet.end())
-            found += (found.empty() ? "" : " and ") + one(r);
-    if (!found.empty())
-        return found + " (no heartbeat for over " +
-               std::to_string(static_cast<int>(2.5 * s->root->beat_period_s + 0.5)) + " s)";
+            quiet_here.push_back(r);
+    std::string beats = " (no heartbeat for over " +
+                        std::to_string(static_cast<int>(2.5 * s->root->beat_period_s + 0.5)) + " s)";
+    if (quiet_here.size() == 1)
+        return one(quiet_here[0]) + beats;
+    if (!quiet_here.empty()) {
+        std::string all;
+        for (int r : quiet_here)
+            all += (all.empty() ? "" : " and ") + one(r);
+        *world_rank = -1;
+        return all + beats;
+    }
     if (store_silent && s->root->store_on_rank0 && s->world_ranks[0] == 0 && self != 0)
         return one(0) + " (the rendezvous store it serves stopped answering too)";
-    size_t open = text.find('[');
-    size_t close = open == std::string::npos ? open : text.find(']', open);
-    if (close != std::string::npos) {
-        std::string addr = text.substr(open + 1, close - open - 1);
-        for (int r = 0; r < n; r++)
-            if (r != self && s->addrs[r] == addr)
-                found += (found.empty() ? "" : " or ") + one(r);
-    }
-    if (!found.empty())
-        return found;
+    int blamed = blamed_by_others(s);
+    for (int r = 0; r < n; r++)
+        if (blamed >= 0 && s->world_ranks[r] == blamed && r != self)
+            return one(r) + " (as another rank found)";
     std::string hosts;
     for (int r = 0; r < n; r++)
         if (hosts.find(s->hosts[r]) == std::string::npos)
@@ -277,11 +316,16 @@ template <class F> cfx_status guarded(cx_transport *t, const char *what, F &&bod
         body();
         return CFX_OK;
     } catch (const gloo::IoException &e) {
-        s->root->broken = true;
+        bool first = !s->root->broken.exchange(true);
+        int lost = -1;
+        std::string who = suspects(s, t->rank, e.what(), &lost);
+        if (first && lost >= 0) { /* for the survivors whose errors name no one */
+            std::string key = "blame/" + std::to_string(s->root->world_rank), v = std::to_string(lost);
+            cx_store_set(s->root->store, key.c_str(), v.data(), v.size());
+        }
         return cx_fail(CFX_ERR_PEER_LOST, "gloo %s (rank %d of %d): a peer died or stopped "
                        "answering within %g s (CFX_TRANSPORT_TIMEOUT_S): suspect %s; gloo says: %s",
-                       what, t->rank, t->size, s->root->timeout_s,
-                       suspects(s, t->rank, e.what()).c_str(), e.what());
+                       what, t->rank, t->size, s->root->timeout_s, who.c_str(), e.what());
     } catch (const std::bad_alloc &) {
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "gloo %s: out of memory", what);
     } catch (const std::exception &e) {
@@ -689,28 +733,60 @@ std::string host_name(const Root *root, int world_rank)
     return name;
 }
 
-/* Each rank publishes the addresses its pairs listen on, one line per peer "PEER ADDRESS"; each
- * rank keeps the lines that name it: the address a failing pair's messages show -> that rank. */
+/* This process's established IPv4 TCP endpoints, as Gloo's messages write them ("[ip]:port"):
+ * the local ends of its sockets (/proc/self/fd -> inodes -> /proc/net/tcp). A pair's connection
+ * shows the peer's end in a survivor's error whichever side connected. */
+std::vector<std::string> own_endpoints()
+{
+    std::vector<std::string> inodes, out;
+    if (DIR *d = opendir("/proc/self/fd")) {
+        while (struct dirent *e = readdir(d)) {
+            char link[64] = "", path[300];
+            snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+            ssize_t n = readlink(path, link, sizeof link - 1);
+            if (n > 9 && !strncmp(link, "socket:[", 8))
+                inodes.emplace_back(link + 8, static_cast<size_t>(n - 9));
+        }
+        closedir(d);
+    }
+    FILE *f = fopen("/proc/net/tcp", "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f)) {
+        unsigned a, port, st;
+        char inode[32];
+        if (sscanf(line, " %*d: %8X:%4X %*8X:%*4X %2X %*s %*s %*s %*s %*s %31s", &a, &port, &st,
+                   inode) != 4 || st != 1 /* ESTABLISHED */ ||
+            std::find(inodes.begin(), inodes.end(), inode) == inodes.end())
+            continue;
+        char ep[64];
+        snprintf(ep, sizeof ep, "[%u.%u.%u.%u]:%u", a & 255, (a >> 8) & 255, (a >> 16) & 255,
+                 a >> 24, port);
+        out.push_back(ep);
+    }
+    if (f)
+        fclose(f);
+    return out;
+}
+
+/* Each rank publishes the endpoints its sockets have (pairs' listening addresses and connections'
+ * local ends) one per line; every rank keeps them all: the address in a failing pair's message ->
+ * that rank. */
 void learn_pair_peers(State *s, gloo::rendezvous::Store &store, gloo::Context &ctx)
 {
     std::string mine;
     for (int q = 0; q < ctx.size; q++)
         if (q != ctx.rank)
-            mine += std::to_string(q) + " " + ctx.getPair(q)->address().str() + "\n";
-    store.set("pairs/" + std::to_string(ctx.rank), std::vector<char>(mine.begin(), mine.end()));
+            mine += ctx.getPair(q)->address().str() + "\n";
+    for (const auto &ep : own_endpoints())
+        mine += ep + "\n";
+    store.set("endpoints/" + std::to_string(ctx.rank), std::vector<char>(mine.begin(), mine.end()));
     for (int r = 0; r < ctx.size; r++) {
         if (r == ctx.rank)
             continue;
-        std::vector<char> v = store.get("pairs/" + std::to_string(r));
+        std::vector<char> v = store.get("endpoints/" + std::to_string(r));
         std::string text(v.begin(), v.end());
-        for (size_t at = 0; at < text.size();) {
-            size_t nl = text.find('\n', at), sp = text.find(' ', at);
-            if (nl == std::string::npos || sp == std::string::npos || sp > nl)
-                break;
-            if (std::stoi(text.substr(at, sp - at)) == ctx.rank)
-                s->pair_peers.emplace_back(text.substr(sp + 1, nl - sp - 1), r);
-            at = nl + 1;
-        }
+        for (size_t at = 0, nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1)
+            s->pair_peers.emplace_back(text.substr(at, nl - at), r);
     }
 }
 
