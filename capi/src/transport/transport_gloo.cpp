@@ -319,7 +319,9 @@ template <class F> cfx_status guarded(cx_transport *t, const char *what, F &&bod
         bool first = !s->root->broken.exchange(true);
         int lost = -1;
         std::string who = suspects(s, t->rank, e.what(), &lost);
-        if (first && lost >= 0) { /* for the survivors whose errors name no one */
+        bool store_silent = false;
+        silent_world_ranks(s->root, &store_silent);
+        if (first && lost >= 0 && !store_silent) { /* for the survivors whose errors name no one */
             std::string key = "blame/" + std::to_string(s->root->world_rank), v = std::to_string(lost);
             cx_store_set(s->root->store, key.c_str(), v.data(), v.size());
         }
