@@ -7,6 +7,9 @@
  *   gloo_job SIZE --until-failure allreduces until one fails (a peer was killed or stopped by the
  *                                 test); prints the status, the message and the seconds from the
  *                                 last good step to the error and to cfx_shutdown's return
+ *   gloo_job SIZE --time          rank 0 prints the median time of a lone 4-byte allreduce (500
+ *                                 calls) and of a 64 MiB float32 allreduce (5 calls), for comparing
+ *                                 launchers and transports on one machine (not a test)
  * Lines start with "gloo_job: rank R" so a driver can read them among the ranks' output.
  */
 #include <math.h>
@@ -128,6 +131,50 @@ static void collectives(cfx_context *ctx, int n)
     }
 }
 
+static int compare_doubles(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The median seconds of `calls` blocking allreduces of `count` float32. */
+static double median_allreduce_s(cfx_context *ctx, float *buf, int64_t count, int calls)
+{
+    const int64_t shape[1] = {count};
+    cfx_tensor t = vec(buf, shape, CFX_FLOAT32);
+    double *times = calloc((size_t)calls, sizeof *times);
+    for (int i = 0; i < calls; i++) {
+        cfx_handle h;
+        double start = now_s();
+        if (cfx_allreduce_async(ctx, "timed", &t, buf, CFX_OP_SUM, 1.0, 1.0, &h) || finish(ctx, h))
+            failures++;
+        times[i] = now_s() - start;
+    }
+    qsort(times, (size_t)calls, sizeof *times, compare_doubles);
+    double median = times[calls / 2];
+    free(times);
+    return median;
+}
+
+static int timings(cfx_context *ctx)
+{
+    enum { BIG = 16 << 20 }; /* 64 MiB of float32 */
+    float *big = calloc(BIG, sizeof *big);
+    float one = 1;
+    median_allreduce_s(ctx, &one, 1, 50); /* warm-up: the cache learns the name */
+    double lone = median_allreduce_s(ctx, &one, 1, 500);
+    median_allreduce_s(ctx, big, BIG, 1);
+    double large = median_allreduce_s(ctx, big, BIG, 5);
+    if (my_rank == 0)
+        printf("gloo_job: size %d: lone 4 B allreduce median %.1f us; 64 MiB allreduce median "
+               "%.1f ms (%.2f GB/s of tensor)\n", cfx_size(ctx), lone * 1e6, large * 1e3,
+               (double)BIG * 4 / large / 1e9);
+    free(big);
+    cfx_shutdown(ctx);
+    cfx_context_free(ctx);
+    return failures ? 1 : 0;
+}
+
 static int until_failure(cfx_context *ctx)
 {
     enum { N = 1 << 16 };
@@ -178,6 +225,8 @@ int main(int argc, char **argv)
     CHECK(n == want, "size %d, expected %d", n, want);
     if (argc > 2 && !strcmp(argv[2], "--until-failure"))
         return until_failure(ctx);
+    if (argc > 2 && !strcmp(argv[2], "--time"))
+        return timings(ctx);
     collectives(ctx, n);
     int local_size = cfx_local_size(ctx);
     CHECK(cfx_shutdown(ctx) == CFX_OK, "shutdown: %s", cfx_last_error());
