@@ -149,13 +149,11 @@ cfx_status cx_world_create_transport(const cx_config *cfg, const cfx_store_callb
                        "(configure with CONFLUX_WITH_MPI=ON)");
 #endif
     }
-    /* AUTO: MPI where mpirun started the job; Gloo where another launcher did. */
+    /* AUTO: MPI where mpirun started the job; Gloo where another launcher did (or where mpirun
+     * did, this build has no MPI, and CFX_RENDEZVOUS_* say where to meet). */
     if (launched_by_other && l.size > 1)
         return over_gloo(cfg, &l, NULL, out);
-    if (l.launcher == CX_LAUNCHER_OPENMPI && (l.store_port || l.store_dir[0])) {
-#if !CFX_HAVE_MPI
+    if (!CFX_HAVE_MPI && l.launcher == CX_LAUNCHER_OPENMPI && (l.store_port || l.store_dir[0]))
         return over_gloo(cfg, &l, NULL, out);
-#endif
-    }
     return mpi_or_alone(&l, out);
 }
