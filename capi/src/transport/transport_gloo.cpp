@@ -12,6 +12,7 @@
 #include "transport/transport_gloo.h"
 
 #include <dirent.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -232,6 +233,24 @@ millis deadline_of(const State *s)
 
 /* Who an I/O failure points at: the only other rank of two, or the ranks at the address Gloo's
  * message names ("[10.0.0.2]:4567"), or every host. */
+/* The world rank that world rank `who` published as lost ("blame/<who>"), or -1 (none yet, or
+ * the store went silent: a silent store would hold this thread too). */
+int blamed_by(Root *root, int who)
+{
+    bool store_silent = false;
+    silent_world_ranks(root, &store_silent);
+    std::string key = "blame/" + std::to_string(who);
+    int present = 0, blamed = -1;
+    void *data = nullptr;
+    size_t len = 0;
+    if (store_silent || root->store->ops->check(root->store, key.c_str(), &present) || !present ||
+        root->store->ops->get(root->store, key.c_str(), &data, &len))
+        return -1;
+    blamed = std::atoi(std::string(static_cast<char *>(data), len).c_str());
+    free(data);
+    return blamed;
+}
+
 /* What another rank that lost a peer first published ("blame/<world rank>" = the world rank it
  * named), when the store still answers: a rank whose connection was closed by a survivor shutting
  * down learns from that survivor who was lost. -1 when nobody said. */
@@ -276,8 +295,16 @@ std::string suspects(const State *s, int self, const std::string &text, int *wor
     for (const auto &p : s->pair_peers) /* "[ip]:port" followed by a non-digit */
         for (size_t at = text.find(p.first); at != std::string::npos;
              at = text.find(p.first, at + 1))
-            if (!isdigit(static_cast<unsigned char>(text[at + p.first.size()])))
+            if (!isdigit(static_cast<unsigned char>(text[at + p.first.size()]))) {
+                /* A survivor that closed its end after losing a peer itself said whom it lost. */
+                int closer = s->world_ranks[p.second];
+                int theirs = blamed_by(s->root, closer);
+                for (int r = 0; theirs >= 0 && r < n; r++)
+                    if (s->world_ranks[r] == theirs && r != self)
+                        return one(r) + " (as rank " + std::to_string(p.second) +
+                               ", which closed its connection, found)";
                 return one(p.second);
+            }
     bool store_silent = false;
     std::vector<int> quiet = silent_world_ranks(s->root, &store_silent);
     std::vector<int> quiet_here;
@@ -735,7 +762,7 @@ std::string host_name(const Root *root, int world_rank)
     return name;
 }
 
-/* This process's established IPv4 TCP endpoints, as Gloo's messages write them ("[ip]:port"):
+/* This process's IPv4 TCP endpoints, as Gloo's messages write them ("[ip]:port"):
  * the local ends of its sockets (/proc/self/fd -> inodes -> /proc/net/tcp). A pair's connection
  * shows the peer's end in a survivor's error whichever side connected. */
 std::vector<std::string> own_endpoints()
@@ -756,9 +783,10 @@ std::vector<std::string> own_endpoints()
     while (f && fgets(line, sizeof line, f)) {
         unsigned a, port, st;
         char inode[32];
+        /* Every state: a connection Gloo started may not be established yet when this runs, and
+         * its local port is fixed from connect() on. */
         if (sscanf(line, " %*d: %8X:%4X %*8X:%*4X %2X %*s %*s %*s %*s %*s %31s", &a, &port, &st,
-                   inode) != 4 || st != 1 /* ESTABLISHED */ ||
-            std::find(inodes.begin(), inodes.end(), inode) == inodes.end())
+                   inode) != 4 || std::find(inodes.begin(), inodes.end(), inode) == inodes.end())
             continue;
         char ep[64];
         snprintf(ep, sizeof ep, "[%u.%u.%u.%u]:%u", a & 255, (a >> 8) & 255, (a >> 16) & 255,
@@ -879,12 +907,23 @@ cfx_status build(Root *root, const std::string &prefix, int rank, int size, cx_t
     return CFX_OK;
 }
 
+/* Gloo writes to its sockets without MSG_NOSIGNAL: a write to a peer that just died would kill this
+ * process with SIGPIPE instead of failing the call with EPIPE. Ignored, unless the program installed
+ * a handler of its own (then that handler sees it). */
+void ignore_sigpipe()
+{
+    struct sigaction now;
+    if (sigaction(SIGPIPE, nullptr, &now) == 0 && now.sa_handler == SIG_DFL)
+        signal(SIGPIPE, SIG_IGN);
+}
+
 } // namespace
 
 extern "C" cfx_status cx_transport_gloo_create(cx_store *store, const cx_gloo_params *p,
                                                cx_transport **out)
 {
     *out = nullptr;
+    ignore_sigpipe();
     Root *root = new (std::nothrow) Root();
     if (!root) {
         cx_store_destroy(store);
