@@ -149,7 +149,8 @@ static int ks_set(void *user, const char *key, const void *data, size_t len)
     if (len > sizeof s->value)
         return 1;
     snprintf(s->key, sizeof s->key, "%s", key);
-    memcpy(s->value, data, len);
+    if (len)
+        memcpy(s->value, data, len);
     s->len = len;
     return 0;
 }
