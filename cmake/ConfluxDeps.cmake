@@ -3,6 +3,10 @@ if(NOT CONFLUX_WITH_MPI STREQUAL "OFF")
   find_package(MPI COMPONENTS C)
 endif()
 conflux_resolve(CONFLUX_WITH_MPI "${MPI_C_FOUND}" "MPI (libopenmpi-dev)")
+if(NOT CONFLUX_WITH_GLOO STREQUAL "OFF")
+  find_package(Gloo QUIET)
+endif()
+conflux_resolve(CONFLUX_WITH_GLOO "${Gloo_FOUND}" "Gloo (libgloo-dev)")
 
 include(ConfluxCuda)   # CONFLUX_WITH_CUDA/NCCL_ENABLED and the conflux_cuda target
 

@@ -25,7 +25,7 @@ import tempfile
 # Lowest first. Folders on one layer do not include each other.
 LAYERS = [
     ("base",),                # errors, logging, dtypes, string map, configuration
-    ("observe", "kernels"),   # timeline and autotune; the host reduction kernels
+    ("observe", "kernels", "rendezvous"),  # timeline, autotune; reduction kernels; rendezvous stores
     ("transport", "cuda"),    # how bytes move between ranks; CUDA kernels and NCCL
     ("protocol",),            # wire codec, handles, queue, cache, negotiation, fusion plan
     ("exec",),                # the collective engine and its data paths

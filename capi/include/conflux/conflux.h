@@ -57,7 +57,8 @@ typedef enum cfx_feature {
     CFX_FEATURE_CUDA = 2,        /* built with CUDA kernels */
     CFX_FEATURE_NCCL = 4,        /* built with the NCCL data path */
     CFX_FEATURE_CUDA_DEVICE = 8, /* a CUDA device is usable at run time */
-    CFX_FEATURE_LOCAL = 16       /* the in-process transport (always built) */
+    CFX_FEATURE_LOCAL = 16,      /* the in-process transport (always built) */
+    CFX_FEATURE_GLOO = 32        /* built with the Gloo transport (jobs not started by mpirun) */
 } cfx_feature;
 
 /* What this build supports and what this machine offers, as cfx_feature bits. */
@@ -188,7 +189,8 @@ typedef struct cfx_context cfx_context;
 typedef enum cfx_transport_kind {
     CFX_TRANSPORT_AUTO = 0,  /* MPI when built, else the single-process local transport */
     CFX_TRANSPORT_MPI = 1,
-    CFX_TRANSPORT_LOCAL = 2  /* one process, size 1, no MPI */
+    CFX_TRANSPORT_LOCAL = 2, /* one process, size 1, no MPI */
+    CFX_TRANSPORT_GLOO = 3   /* Gloo over TCP; the world from the launcher (docs/launching.md) */
 } cfx_transport_kind;
 
 #define CFX_INIT_OPTIONS_VERSION 1
@@ -213,9 +215,34 @@ typedef struct cfx_init_options {
  * this library does not know. */
 CFX_API cfx_status cfx_init_options_init(cfx_init_options *opts, uint32_t version);
 
-/* Creates a context: joins the job (MPI_COMM_WORLD duplicated, or the local transport), starts the
- * background thread. `opts` may be NULL (all unset). Collective across ranks. */
+/* Creates a context: joins the job, starts the background thread. `opts` may be NULL (all unset).
+ * Collective across ranks. The world comes from, in this order: CFX_RANK/CFX_SIZE (with
+ * CFX_RENDEZVOUS_ADDR or CFX_RENDEZVOUS_DIR), Open MPI's mpirun (MPI_COMM_WORLD duplicated),
+ * torchrun, Slurm's srun, Horovod's Gloo launcher (docs/launching.md); jobs not started by mpirun
+ * run over Gloo. A process that sees a launcher's world of more than one rank and cannot join it
+ * fails with CFX_ERR_CONFIG naming the launcher and what is missing; no launcher at all gives a
+ * world of one. */
 CFX_API cfx_status cfx_init(const cfx_init_options *opts, cfx_context **out);
+
+/* A rendezvous store handed in by the caller (e.g. torch.distributed's Store through Python): the
+ * ranks meet through it instead of a TCP or file store. Every callback returns 0 on success. */
+#define CFX_STORE_CALLBACKS_VERSION 1
+typedef struct cfx_store_callbacks {
+    uint32_t version; /* CFX_STORE_CALLBACKS_VERSION */
+    void *user;       /* passed to every callback; must stay valid while the context lives */
+    /* Sets `key` to `len` bytes. */
+    int (*set)(void *user, const char *key, const void *data, size_t len);
+    /* Copies the value of `key` (already set: Conflux waits first) into buf (cap bytes) and stores
+     * its full length in *len; when *len > cap Conflux calls again with a larger buffer. */
+    int (*get)(void *user, const char *key, void *buf, size_t cap, size_t *len);
+    /* Waits until every key is set: 0 when they are, 1 when timeout_s passed first. */
+    int (*wait)(void *user, const char *const *keys, size_t n, double timeout_s);
+} cfx_store_callbacks;
+
+/* cfx_init with the ranks meeting through `store` (rank and size still come from the launcher's or
+ * the CFX_* variables); the transport is Gloo. CFX_ERR_UNSUPPORTED in a build without Gloo. */
+CFX_API cfx_status cfx_init_with_store(const cfx_init_options *opts, const cfx_store_callbacks *store,
+                                       cfx_context **out);
 
 /* Stops the background thread after telling the other ranks; pending handles complete with
  * CFX_ERR_SHUT_DOWN. The context stays valid for queries (later collectives return

@@ -18,10 +18,7 @@
 #include "protocol/queue.h"
 #include "exec/shared_pool.h"
 #include "kernels/compress.h"
-#include "transport/transport_local.h"
-#if CFX_HAVE_MPI
-#include "transport/transport_mpi.h"
-#endif
+#include "engine/world.h"
 #if defined(CFX_HAVE_CUDA) && CFX_HAVE_CUDA
 #include "cuda/cuda_kernels.h"
 #endif
@@ -46,6 +43,9 @@ uint32_t cfx_features(void)
     uint32_t f = CFX_FEATURE_LOCAL;
 #if CFX_HAVE_MPI
     f |= CFX_FEATURE_MPI;
+#endif
+#if CFX_HAVE_GLOO
+    f |= CFX_FEATURE_GLOO;
 #endif
 #if defined(CFX_HAVE_CUDA) && CFX_HAVE_CUDA
     f |= CFX_FEATURE_CUDA;
@@ -81,27 +81,8 @@ cfx_status cfx_init_options_init(cfx_init_options *opts, uint32_t version)
     return CFX_OK;
 }
 
-static cfx_status create_transport(const cx_config *cfg, cx_transport **out)
-{
-    int kind = cfg->transport;
-#if CFX_HAVE_MPI
-    if (kind == CFX_TRANSPORT_AUTO || kind == CFX_TRANSPORT_MPI)
-        return cx_transport_mpi_create(cfg->test.local_size, out);
-#else
-    if (kind == CFX_TRANSPORT_MPI)
-        return cx_fail(CFX_ERR_UNSUPPORTED, "cfx_init: this build of Conflux has no MPI transport "
-                       "(configure with CONFLUX_WITH_MPI=ON)");
-#endif
-    cx_local_world *w;
-    cfx_status st = cx_local_world_create(1, &w);
-    if (st)
-        return st;
-    st = cx_transport_local_create(w, 0, out);
-    cx_local_world_release(w);
-    return st;
-}
-
-cfx_status cfx_init(const cfx_init_options *opts, cfx_context **out)
+static cfx_status init_over(const cfx_init_options *opts, const cfx_store_callbacks *store,
+                            cfx_context **out)
 {
     if (!out)
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_init: out is NULL");
@@ -111,9 +92,22 @@ cfx_status cfx_init(const cfx_init_options *opts, cfx_context **out)
     if (st)
         return st;
     cx_transport *t;
-    if ((st = create_transport(&cfg, &t)))
+    if ((st = cx_world_create_transport(&cfg, store, &t)))
         return st;
     return cx_context_create(t, &cfg, out);
+}
+
+cfx_status cfx_init(const cfx_init_options *opts, cfx_context **out)
+{
+    return init_over(opts, NULL, out);
+}
+
+cfx_status cfx_init_with_store(const cfx_init_options *opts, const cfx_store_callbacks *store,
+                               cfx_context **out)
+{
+    if (!store)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_init_with_store: store is NULL");
+    return init_over(opts, store, out);
 }
 
 cfx_status cfx_shutdown(cfx_context *ctx)

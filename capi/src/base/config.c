@@ -113,7 +113,8 @@ static cfx_status load_env(cx_config *cfg, const source *src)
         if (!strcasecmp(v, "auto")) cfg->transport = CFX_TRANSPORT_AUTO;
         else if (!strcasecmp(v, "mpi")) cfg->transport = CFX_TRANSPORT_MPI;
         else if (!strcasecmp(v, "local")) cfg->transport = CFX_TRANSPORT_LOCAL;
-        else return cx_fail(CFX_ERR_CONFIG, "CFX_TRANSPORT=\"%s\": expected auto, mpi or local", v);
+        else if (!strcasecmp(v, "gloo")) cfg->transport = CFX_TRANSPORT_GLOO;
+        else return cx_fail(CFX_ERR_CONFIG, "CFX_TRANSPORT=\"%s\": expected auto, mpi, gloo or local", v);
     }
     if ((v = var(src, "CFX_FUSION_THRESHOLD")) && (st = cx_parse_bytes("CFX_FUSION_THRESHOLD", v, &cfg->fusion_threshold)))
         return st;
@@ -203,7 +204,7 @@ static cfx_status load_options(cx_config *cfg, const cfx_init_options *o)
                        "(it knows %d); fill options with cfx_init_options_init", o->version,
                        CFX_INIT_OPTIONS_VERSION);
     if (o->transport >= 0) {
-        if (o->transport > CFX_TRANSPORT_LOCAL)
+        if (o->transport > CFX_TRANSPORT_GLOO)
             return cx_fail(CFX_ERR_CONFIG, "cfx_init: options.transport %d is not a cfx_transport_kind",
                            o->transport);
         cfg->transport = o->transport;

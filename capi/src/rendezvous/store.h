@@ -1,0 +1,86 @@
+/*
+ * store - the key-value store the ranks of a job meet through before any transport exists: set a
+ * key, look it up, wait for keys with a deadline. Values are byte strings; a key is set once.
+ *
+ * Implementations: a TCP store (store_tcp.c: a server thread on rank 0 or in cfxrun, a client in
+ * every rank), a file store (store_file.c: a directory every rank sees), and a store handed in
+ * through the ABI as callbacks (store.c: cfx_store_callbacks, e.g. torch.distributed's Store from
+ * Python). A prefixed view (store.c) gives each transport context its own key space.
+ */
+#ifndef CFX_STORE_H
+#define CFX_STORE_H
+
+#include <stddef.h>
+
+#include "conflux/conflux.h"
+
+#ifdef __cplusplus
+extern "C" { /* the Gloo transport (C++) meets through it */
+#endif
+
+typedef struct cx_store cx_store;
+
+typedef struct cx_store_ops {
+    const char *name; /* "TCP store", "file store", "callback store" */
+    cfx_status (*set)(cx_store *s, const char *key, const void *data, size_t len);
+    /* One look: *present = 1 when the key is set. */
+    cfx_status (*check)(cx_store *s, const char *key, int *present);
+    /* The value of a key that is set (after a wait): *data malloc'ed (the caller frees it). */
+    cfx_status (*get)(cx_store *s, const char *key, void **data, size_t *len);
+    /* Optional: waits for every key until timeout_s; CFX_ERR_TIMEOUT naming the first key missing.
+     * NULL: cx_store_wait polls check with a backoff. */
+    cfx_status (*wait)(cx_store *s, const char *const *keys, size_t n, double timeout_s);
+    /* Optional: makes a call blocked on a silent server (and every later call) fail at once, so
+     * a thread using the store can be joined. */
+    void (*interrupt)(cx_store *s);
+    void (*destroy)(cx_store *s);
+} cx_store_ops;
+
+struct cx_store {
+    const cx_store_ops *ops;
+    char where[320]; /* for messages: "TCP store at host:port", "file store in /dir" */
+    /* The address this process reaches the store from (TCP store: the connection's local
+     * address), "" when unknown: the interface a transport's peers can reach this host on. */
+    char local_addr[64];
+};
+
+/* Waits until every key is set or timeout_s passed (CFX_ERR_TIMEOUT naming the key and the store). */
+cfx_status cx_store_wait(cx_store *s, const char *const *keys, size_t n, double timeout_s);
+
+/* Waits for one key, then returns its value (*data malloc'ed). */
+cfx_status cx_store_get(cx_store *s, const char *key, double timeout_s, void **data, size_t *len);
+
+static inline cfx_status cx_store_set(cx_store *s, const char *key, const void *data, size_t len)
+{
+    return s->ops->set(s, key, data, len);
+}
+
+void cx_store_destroy(cx_store *s);
+
+/* See cx_store_ops.interrupt; a no-op for stores without one. */
+void cx_store_interrupt(cx_store *s);
+
+/* A view of `base` whose keys all start with "prefix/". With owns_base the view frees base (also
+ * when this call fails); otherwise base must outlive the view. */
+cfx_status cx_store_prefixed(cx_store *base, const char *prefix, int owns_base, cx_store **out);
+
+/* The store handed in through the ABI (the callbacks are copied; their user pointer is borrowed). */
+cfx_status cx_store_from_callbacks(const cfx_store_callbacks *cb, cx_store **out);
+
+/* A file store in `dir` (created when missing). */
+cfx_status cx_store_file_create(const char *dir, cx_store **out);
+
+/* A TCP store client of the server at host:port, connecting until timeout_s (the server may start
+ * later). When `serve` is set, this process first starts the server on port (all addresses):
+ * CFX_ERR_CONFIG naming the port when it is taken. The server lives until cx_store_destroy.
+ * `generation` (>= 1) numbers the worlds one job forms one after another on the same port: a
+ * server of an earlier world that is still shutting down is passed over (a launcher's server says
+ * 0: it serves every generation). */
+cfx_status cx_store_tcp_create(const char *host, int port, int serve, unsigned generation,
+                               double timeout_s, cx_store **out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CFX_STORE_H */

@@ -1,0 +1,971 @@
+/*
+ * transport_gloo - the Gloo transport (see transport_gloo.h). C++ because Gloo's API is; nothing
+ * C++ crosses transport_gloo.h: every entry point catches every exception and turns it into a
+ * status and cx_last_error() text.
+ *
+ * Collectives: allreduce (every dtype through the engine's kernels, so float16/bfloat16 reduce
+ * pairwise through float32 as over MPI), broadcast and barrier are Gloo's; gather of bytes,
+ * allgatherv, alltoallv and sendrecv are point-to-point over Gloo's unbound buffers (exact
+ * displacements, zero-length pieces skipped); reduce_scatter is an allreduce whose own slice is
+ * kept. Every wait carries the deadline of cx_gloo_params.timeout_s.
+ */
+#include "transport/transport_gloo.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+extern "C" {
+#include "base/dtype.h"
+#include "base/error.h"
+#include "kernels/reduce.h"
+}
+
+namespace {
+
+using millis = std::chrono::milliseconds;
+
+/* Slots of the point-to-point calls: far above the slots Gloo's collectives build from their
+ * prefixes (gloo/types.h), one per kind so two kinds never match each other's messages. */
+constexpr uint64_t kSlotBase = 0xC0F1ull << 48;
+constexpr uint64_t kGatherBytesSlot = kSlotBase + 1;
+constexpr uint64_t kAllgathervSlot = kSlotBase + 2;
+constexpr uint64_t kAlltoallvSlot = kSlotBase + 3;
+constexpr uint64_t kSendrecvSlot = kSlotBase + 4;
+
+/* The rendezvous store as Gloo sees it. Failures become gloo::IoException, which the entry points
+ * below turn back into the store's status text. */
+class StoreAdapter : public gloo::rendezvous::Store {
+  public:
+    StoreAdapter(cx_store *s, double wait_s) : s_(s), wait_s_(wait_s) {}
+
+    void set(const std::string &key, const std::vector<char> &data) override
+    {
+        /* An empty value still passes a valid pointer (stores may memcpy it). */
+        if (cx_store_set(s_, key.c_str(), data.empty() ? "" : data.data(), data.size()))
+            throw gloo::IoException(cx_error_message());
+    }
+
+    std::vector<char> get(const std::string &key) override
+    {
+        void *d = nullptr;
+        size_t n = 0;
+        if (cx_store_get(s_, key.c_str(), wait_s_, &d, &n))
+            throw gloo::IoException(cx_error_message());
+        std::vector<char> v(static_cast<char *>(d), static_cast<char *>(d) + n);
+        free(d);
+        return v;
+    }
+
+    void wait(const std::vector<std::string> &keys) override
+    {
+        wait(keys, millis(static_cast<long>(wait_s_ * 1000)));
+    }
+
+    void wait(const std::vector<std::string> &keys, const millis &timeout) override
+    {
+        std::vector<const char *> k;
+        for (const auto &s : keys)
+            k.push_back(s.c_str());
+        if (cx_store_wait(s_, k.data(), k.size(), static_cast<double>(timeout.count()) / 1000.0))
+            throw gloo::IoException(cx_error_message());
+    }
+
+  private:
+    cx_store *s_;
+    double wait_s_;
+};
+
+/* What the world transport and its splits share: the store, Gloo's device, the deadlines. Freed
+ * with the last transport that uses it. */
+struct Root {
+    cx_store *store = nullptr;
+    std::shared_ptr<gloo::transport::Device> dev;
+    std::atomic<int> refs{1};
+    int world_rank = 0, world_size = 0;
+    double timeout_s = 30, rendezvous_s = 60;
+    int test_local_size = 0;
+    int store_on_rank0 = 0;
+    std::atomic<bool> broken{false}; /* a peer was lost: no goodbye through the store */
+    /* Heartbeats through the store, so a timeout can name the rank that went silent (a stopped
+     * process keeps its connections open: only its silence shows). */
+    std::thread beat;
+    std::mutex beat_mu;
+    std::condition_variable beat_cv;
+    bool beat_stop = false;
+    double beat_period_s = 1;
+    std::vector<std::string> beat_seen; /* per world rank: its last counter */
+    std::vector<double> beat_advanced;  /* per world rank: when its counter last moved */
+    double beat_round = 0;              /* when the store last answered a whole round */
+};
+
+double steady_s()
+{
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+void beat_main(Root *root)
+{
+    const int n = root->world_size;
+    std::vector<std::string> keys;
+    for (int r = 0; r < n; r++)
+        keys.push_back("beat/" + std::to_string(r));
+    std::unique_lock<std::mutex> hold(root->beat_mu);
+    for (uint64_t count = 1; !root->beat_stop; count++) {
+        hold.unlock();
+        std::string mine = std::to_string(count);
+        bool ok = !cx_store_set(root->store, keys[root->world_rank].c_str(), mine.data(),
+                                mine.size());
+        std::vector<std::string> seen(static_cast<size_t>(n));
+        for (int r = 0; ok && r < n; r++) {
+            int present = 0;
+            void *data = nullptr;
+            size_t len = 0;
+            ok = !root->store->ops->check(root->store, keys[r].c_str(), &present);
+            if (ok && present && !(ok = !root->store->ops->get(root->store, keys[r].c_str(), &data,
+                                                               &len)))
+                break;
+            if (data)
+                seen[r].assign(static_cast<char *>(data), len);
+            free(data);
+        }
+        hold.lock();
+        double now = steady_s();
+        if (ok) {
+            for (int r = 0; r < n; r++)
+                if (seen[r] != root->beat_seen[r]) {
+                    root->beat_seen[r] = seen[r];
+                    root->beat_advanced[r] = now;
+                }
+            root->beat_round = now;
+        }
+        root->beat_cv.wait_for(hold, std::chrono::duration<double>(root->beat_period_s));
+    }
+}
+
+void start_heartbeat(Root *root)
+{
+    double now = steady_s();
+    root->beat_period_s = std::max(0.5, std::min(2.0, root->timeout_s / 5));
+    root->beat_seen.assign(static_cast<size_t>(root->world_size), std::string());
+    root->beat_advanced.assign(static_cast<size_t>(root->world_size), now);
+    root->beat_round = now;
+    root->beat = std::thread(beat_main, root);
+}
+
+void stop_heartbeat(Root *root)
+{
+    if (!root->beat.joinable())
+        return;
+    {
+        std::lock_guard<std::mutex> hold(root->beat_mu);
+        root->beat_stop = true;
+    }
+    root->beat_cv.notify_all();
+    if (root->broken)
+        cx_store_interrupt(root->store); /* it may be blocked on a silent store server */
+    root->beat.join();
+}
+
+/* World ranks whose heartbeat stopped (more than 2.5 periods), and whether the store went silent
+ * itself (then the heartbeats say nothing new). */
+std::vector<int> silent_world_ranks(Root *root, bool *store_silent)
+{
+    std::lock_guard<std::mutex> hold(root->beat_mu);
+    double now = steady_s(), stale = 2.5 * root->beat_period_s;
+    std::vector<int> out;
+    *store_silent = now - root->beat_round > stale;
+    for (int r = 0; !*store_silent && r < root->world_size; r++)
+        if (r != root->world_rank && now - root->beat_advanced[r] > stale)
+            out.push_back(r);
+    return out;
+}
+
+struct State {
+    Root *root = nullptr;
+    std::string prefix;                         /* this transport's key space in the store */
+    std::shared_ptr<gloo::Context> ctx, cross;  /* cross: NULL when cross_size is 1 */
+    std::vector<std::string> hosts, addrs;      /* per rank: host name, address Gloo listens on */
+    std::vector<int> world_ranks;               /* per rank: its rank in the world */
+    /* Every other rank's socket endpoints ("[10.0.0.2]:4567", as Gloo's messages write them) ->
+     * that rank: an I/O error names the address, the message names the rank. */
+    std::vector<std::pair<std::string, int>> pair_peers;
+    std::vector<int> local_members, cross_members; /* ranks, in local / cross rank order */
+    unsigned split_count = 0;
+    std::mutex split_mu;
+};
+
+struct gloo_transport {
+    cx_transport base; /* first: the engine sees a cx_transport */
+    State *st;
+};
+
+State *state_of(cx_transport *t) { return reinterpret_cast<gloo_transport *>(t)->st; }
+
+millis deadline_of(const State *s)
+{
+    return millis(static_cast<long>(s->root->timeout_s * 1000));
+}
+
+/* Who an I/O failure points at: the only other rank of two, or the ranks at the address Gloo's
+ * message names ("[10.0.0.2]:4567"), or every host. */
+/* The world rank that world rank `who` published as lost ("blame/<who>"), or -1 (none yet, or
+ * the store went silent: a silent store would hold this thread too). */
+int blamed_by(Root *root, int who)
+{
+    bool store_silent = false;
+    silent_world_ranks(root, &store_silent);
+    std::string key = "blame/" + std::to_string(who);
+    int present = 0, blamed = -1;
+    void *data = nullptr;
+    size_t len = 0;
+    if (store_silent || root->store->ops->check(root->store, key.c_str(), &present) || !present ||
+        root->store->ops->get(root->store, key.c_str(), &data, &len))
+        return -1;
+    blamed = std::atoi(std::string(static_cast<char *>(data), len).c_str());
+    free(data);
+    return blamed;
+}
+
+/* What another rank that lost a peer first published ("blame/<world rank>" = the world rank it
+ * named), when the store still answers: a rank whose connection was closed by a survivor shutting
+ * down learns from that survivor who was lost. -1 when nobody said. */
+int blamed_by_others(const State *s)
+{
+    Root *root = s->root;
+    bool store_silent = false;
+    silent_world_ranks(root, &store_silent);
+    if (store_silent)
+        return -1; /* a silent store would hold this thread too */
+    for (int attempt = 0; attempt < 5; attempt++) {
+        for (int r = 0; r < root->world_size; r++) {
+            std::string key = "blame/" + std::to_string(r);
+            int present = 0;
+            void *data = nullptr;
+            size_t len = 0;
+            if (r == root->world_rank || root->store->ops->check(root->store, key.c_str(), &present) ||
+                !present || root->store->ops->get(root->store, key.c_str(), &data, &len))
+                continue;
+            int blamed = std::atoi(std::string(static_cast<char *>(data), len).c_str());
+            free(data);
+            return blamed;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return -1;
+}
+
+/* Who an I/O failure points at, and that rank's world rank (-1 when not one rank): the only other
+ * rank of two; the rank whose pair address Gloo's message names; the ranks whose heartbeat
+ * stopped; rank 0 when the store it serves went silent; the rank another survivor named. */
+std::string suspects(const State *s, int self, const std::string &text, int *world_rank)
+{
+    const int n = static_cast<int>(s->hosts.size());
+    auto one = [&](int r) {
+        *world_rank = s->world_ranks[r];
+        return "rank " + std::to_string(r) + " on host " + s->hosts[r];
+    };
+    *world_rank = -1;
+    if (n == 2)
+        return one(1 - self);
+    for (const auto &p : s->pair_peers) /* "[ip]:port" followed by a non-digit */
+        for (size_t at = text.find(p.first); at != std::string::npos;
+             at = text.find(p.first, at + 1))
+            if (!isdigit(static_cast<unsigned char>(text[at + p.first.size()]))) {
+                /* A survivor that closed its end after losing a peer itself said whom it lost. */
+                int closer = s->world_ranks[p.second];
+                int theirs = blamed_by(s->root, closer);
+                for (int r = 0; theirs >= 0 && r < n; r++)
+                    if (s->world_ranks[r] == theirs && r != self)
+                        return one(r) + " (as rank " + std::to_string(p.second) +
+                               ", which closed its connection, found)";
+                return one(p.second);
+            }
+    bool store_silent = false;
+    std::vector<int> quiet = silent_world_ranks(s->root, &store_silent);
+    std::vector<int> quiet_here;
+    for (int r = 0; r < n; r++)
+        if (r != self && std::find(quiet.begin(), quiet.end(), s->world_ranks[r]) != quiet.end())
+            quiet_here.push_back(r);
+    std::string beats = " (no heartbeat for over " +
+                        std::to_string(static_cast<int>(2.5 * s->root->beat_period_s + 0.5)) + " s)";
+    if (quiet_here.size() == 1)
+        return one(quiet_here[0]) + beats;
+    if (!quiet_here.empty()) {
+        std::string all;
+        for (int r : quiet_here)
+            all += (all.empty() ? "" : " and ") + one(r);
+        *world_rank = -1;
+        return all + beats;
+    }
+    if (store_silent && s->root->store_on_rank0 && s->world_ranks[0] == 0 && self != 0)
+        return one(0) + " (the rendezvous store it serves stopped answering too)";
+    int blamed = blamed_by_others(s);
+    for (int r = 0; r < n; r++)
+        if (blamed >= 0 && s->world_ranks[r] == blamed && r != self)
+            return one(r) + " (as another rank found)";
+    std::string hosts;
+    for (int r = 0; r < n; r++)
+        if (hosts.find(s->hosts[r]) == std::string::npos)
+            hosts += (hosts.empty() ? "" : ", ") + s->hosts[r];
+    return "a rank on one of the hosts " + hosts;
+}
+
+/* Runs `body`, turning every exception into a status with text naming the call. */
+template <class F> cfx_status guarded(cx_transport *t, const char *what, F &&body)
+{
+    State *s = state_of(t);
+    try {
+        body();
+        return CFX_OK;
+    } catch (const gloo::IoException &e) {
+        bool first = !s->root->broken.exchange(true);
+        int lost = -1;
+        std::string who = suspects(s, t->rank, e.what(), &lost);
+        bool store_silent = false;
+        silent_world_ranks(s->root, &store_silent);
+        if (first && lost >= 0 && !store_silent) { /* for the survivors whose errors name no one */
+            std::string key = "blame/" + std::to_string(s->root->world_rank), v = std::to_string(lost);
+            cx_store_set(s->root->store, key.c_str(), v.data(), v.size());
+        }
+        return cx_fail(CFX_ERR_PEER_LOST, "gloo %s (rank %d of %d): a peer died or stopped "
+                       "answering within %g s (CFX_TRANSPORT_TIMEOUT_S): suspect %s; gloo says: %s",
+                       what, t->rank, t->size, s->root->timeout_s, who.c_str(), e.what());
+    } catch (const std::bad_alloc &) {
+        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "gloo %s: out of memory", what);
+    } catch (const std::exception &e) {
+        return cx_fail(CFX_ERR_TRANSPORT, "gloo %s (rank %d of %d): %s", what, t->rank, t->size,
+                       e.what());
+    } catch (...) {
+        return cx_fail(CFX_ERR_TRANSPORT, "gloo %s (rank %d of %d): an unknown exception", what,
+                       t->rank, t->size);
+    }
+}
+
+/* Pending unbound-buffer operations, waited for together with the transport's deadline. */
+struct Pending {
+    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> sends, recvs;
+    millis timeout;
+    explicit Pending(millis t) : timeout(t) {}
+
+    void send(gloo::Context &ctx, const void *p, size_t n, int to, uint64_t slot)
+    {
+        if (!n)
+            return;
+        sends.push_back(ctx.createUnboundBuffer(const_cast<void *>(p), n));
+        sends.back()->send(to, slot);
+    }
+    void recv(gloo::Context &ctx, void *p, size_t n, int from, uint64_t slot)
+    {
+        if (!n)
+            return;
+        recvs.push_back(ctx.createUnboundBuffer(p, n));
+        recvs.back()->recv(from, slot);
+    }
+    void wait()
+    {
+        /* Receives first: a peer that never sends is the one to time out on. */
+        for (auto &b : recvs)
+            if (!b->waitRecv(timeout))
+                throw gloo::IoException("a receive was aborted");
+        for (auto &b : sends)
+            if (!b->waitSend(timeout))
+                throw gloo::IoException("a send was aborted");
+    }
+};
+
+template <size_t N> struct Elem {
+    unsigned char b[N];
+};
+
+/* c = a (op) b over n elements, through the engine's kernels (float16/bfloat16 via float32). */
+gloo::AllreduceOptions::Func reducer(cfx_dtype dtype, cfx_reduce_op op)
+{
+    const size_t es = cfx_dtype_size(dtype);
+    return [dtype, op, es](void *c, const void *a, const void *b, size_t n) {
+        if (c == b) {
+            cx_reduce_into(c, a, n, dtype, op); /* every op here is commutative */
+            return;
+        }
+        if (c != a)
+            memcpy(c, a, n * es);
+        cx_reduce_into(c, b, n, dtype, op);
+    };
+}
+
+template <size_t N>
+void allreduce_elems(gloo::AllreduceOptions &o, void *buf, size_t count)
+{
+    o.setOutput(static_cast<Elem<N> *>(buf), count);
+}
+
+void run_allreduce(const std::shared_ptr<gloo::Context> &ctx, void *buf, size_t count,
+                   cfx_dtype dtype, cfx_reduce_op op, millis timeout)
+{
+    if (count == 0 || ctx->size == 1)
+        return;
+    if (op == CFX_OP_AVERAGE)
+        op = CFX_OP_SUM; /* the engine scales */
+    gloo::AllreduceOptions o(ctx);
+    switch (cfx_dtype_size(dtype)) {
+    case 1: allreduce_elems<1>(o, buf, count); break;
+    case 2: allreduce_elems<2>(o, buf, count); break;
+    case 4: allreduce_elems<4>(o, buf, count); break;
+    case 8: allreduce_elems<8>(o, buf, count); break;
+    default: throw std::invalid_argument("dtype of an unsupported element size");
+    }
+    o.setReduceFunction(reducer(dtype, op));
+    o.setTimeout(timeout);
+    gloo::allreduce(o);
+}
+
+/* ---- control plane -------------------------------------------------------------------------- */
+
+cfx_status gloo_gather_bytes(cx_transport *t, const void *send, size_t len, void **recv_out,
+                             size_t *lens_out)
+{
+    State *s = state_of(t);
+    *recv_out = nullptr;
+    char *all = nullptr;
+    cfx_status st = guarded(t, "gather of request bytes", [&] {
+        std::vector<uint64_t> lens(static_cast<size_t>(t->size), 0);
+        lens[t->rank] = len;
+        /* Everyone learns every length with one allreduce of a vector holding its own (cheaper to
+         * write than a gather of lengths, and the lengths are few bytes). */
+        run_allreduce(s->ctx, lens.data(), lens.size(), CFX_INT64, CFX_OP_SUM, deadline_of(s));
+        Pending p(deadline_of(s));
+        if (t->rank != 0) {
+            p.send(*s->ctx, send, len, 0, kGatherBytesSlot);
+            p.wait();
+            return;
+        }
+        size_t total = 0;
+        for (uint64_t l : lens)
+            total += l;
+        all = static_cast<char *>(malloc(total ? total : 1));
+        if (!all)
+            throw std::bad_alloc();
+        size_t off = 0;
+        for (int r = 0; r < t->size; r++) {
+            lens_out[r] = lens[r];
+            if (r == 0)
+                memcpy(all + off, send, len);
+            else
+                p.recv(*s->ctx, all + off, lens[r], r, kGatherBytesSlot);
+            off += lens[r];
+        }
+        p.wait();
+    });
+    if (st) {
+        free(all);
+        return st;
+    }
+    *recv_out = all;
+    return CFX_OK;
+}
+
+void broadcast_raw(const std::shared_ptr<gloo::Context> &ctx, void *buf, size_t bytes, int root,
+                   millis timeout)
+{
+    if (bytes == 0 || ctx->size == 1)
+        return;
+    gloo::BroadcastOptions o(ctx);
+    o.setOutput(static_cast<Elem<1> *>(buf), bytes);
+    o.setRoot(root);
+    o.setTimeout(timeout);
+    gloo::broadcast(o);
+}
+
+cfx_status gloo_bcast_bytes(cx_transport *t, void **buf, size_t *len, int root)
+{
+    State *s = state_of(t);
+    char *mine = nullptr;
+    cfx_status st = guarded(t, "broadcast of response bytes", [&] {
+        uint64_t n = t->rank == root ? *len : 0;
+        broadcast_raw(s->ctx, &n, sizeof n, root, deadline_of(s));
+        if (t->rank == root) {
+            broadcast_raw(s->ctx, *buf, n, root, deadline_of(s));
+            return;
+        }
+        mine = static_cast<char *>(malloc(n ? n : 1));
+        if (!mine)
+            throw std::bad_alloc();
+        broadcast_raw(s->ctx, mine, n, root, deadline_of(s));
+        *len = n;
+    });
+    if (st) {
+        free(mine);
+        return st;
+    }
+    if (t->rank != root)
+        *buf = mine;
+    return CFX_OK;
+}
+
+cfx_status gloo_allreduce_and(cx_transport *t, uint64_t *words, size_t count)
+{
+    State *s = state_of(t);
+    return guarded(t, "AND-allreduce of the ready bits", [&] {
+        if (count == 0 || t->size == 1)
+            return;
+        gloo::AllreduceOptions o(s->ctx);
+        o.setOutput(words, count);
+        o.setReduceFunction([](void *c, const void *a, const void *b, size_t n) {
+            auto *cc = static_cast<uint64_t *>(c);
+            auto *aa = static_cast<const uint64_t *>(a);
+            auto *bb = static_cast<const uint64_t *>(b);
+            for (size_t i = 0; i < n; i++)
+                cc[i] = aa[i] & bb[i];
+        });
+        o.setTimeout(deadline_of(s));
+        gloo::allreduce(o);
+    });
+}
+
+/* ---- data plane ----------------------------------------------------------------------------- */
+
+cfx_status check_op(cx_transport *t, cfx_reduce_op op, const char *what)
+{
+    if (op == CFX_OP_ADASUM || op < 0 || op >= CFX_OP_COUNT)
+        return cx_fail(CFX_ERR_UNSUPPORTED, "gloo %s (rank %d): op %d is not a plain reduction "
+                       "(Adasum runs over sendrecv)", what, t->rank, (int)op);
+    return CFX_OK;
+}
+
+cfx_status gloo_allreduce(cx_transport *t, void *buf, size_t count, cfx_dtype dtype,
+                          cfx_reduce_op op)
+{
+    State *s = state_of(t);
+    cfx_status st = check_op(t, op, "allreduce");
+    return st ? st : guarded(t, "allreduce", [&] {
+        run_allreduce(s->ctx, buf, count, dtype, op, deadline_of(s));
+    });
+}
+
+cfx_status gloo_allgatherv(cx_transport *t, const void *send, size_t send_bytes, void *recv,
+                           const size_t *recv_bytes, const size_t *displs)
+{
+    State *s = state_of(t);
+    return guarded(t, "allgatherv", [&] {
+        char *out = static_cast<char *>(recv);
+        if (send_bytes && out + displs[t->rank] != send)
+            memmove(out + displs[t->rank], send, send_bytes);
+        Pending p(deadline_of(s));
+        for (int r = 0; r < t->size; r++) {
+            if (r == t->rank)
+                continue;
+            p.recv(*s->ctx, out + displs[r], recv_bytes[r], r, kAllgathervSlot);
+            p.send(*s->ctx, send, send_bytes, r, kAllgathervSlot);
+        }
+        p.wait();
+    });
+}
+
+cfx_status gloo_broadcast(cx_transport *t, void *buf, size_t bytes, int root)
+{
+    State *s = state_of(t);
+    return guarded(t, "broadcast", [&] { broadcast_raw(s->ctx, buf, bytes, root, deadline_of(s)); });
+}
+
+cfx_status gloo_alltoallv(cx_transport *t, const void *send, const size_t *send_bytes,
+                          const size_t *sdispls, void *recv, const size_t *recv_bytes,
+                          const size_t *rdispls)
+{
+    State *s = state_of(t);
+    return guarded(t, "alltoallv", [&] {
+        const char *in = static_cast<const char *>(send);
+        char *out = static_cast<char *>(recv);
+        if (send_bytes[t->rank])
+            memmove(out + rdispls[t->rank], in + sdispls[t->rank], send_bytes[t->rank]);
+        Pending p(deadline_of(s));
+        for (int r = 0; r < t->size; r++) {
+            if (r == t->rank)
+                continue;
+            p.recv(*s->ctx, out + rdispls[r], recv_bytes[r], r, kAlltoallvSlot);
+            p.send(*s->ctx, in + sdispls[r], send_bytes[r], r, kAlltoallvSlot);
+        }
+        p.wait();
+    });
+}
+
+cfx_status gloo_reduce_scatter(cx_transport *t, const void *send, void *recv, const size_t *counts,
+                               cfx_dtype dtype, cfx_reduce_op op)
+{
+    State *s = state_of(t);
+    cfx_status st = check_op(t, op, "reduce_scatter");
+    return st ? st : guarded(t, "reduce_scatter", [&] {
+        /* Gloo has no reduce-scatter: an allreduce of the whole, then this rank's slice. */
+        size_t total = 0, before = 0;
+        for (int r = 0; r < t->size; r++) {
+            if (r < t->rank)
+                before += counts[r];
+            total += counts[r];
+        }
+        const size_t es = cfx_dtype_size(dtype);
+        std::vector<unsigned char> whole(total * es);
+        memcpy(whole.data(), send, total * es);
+        run_allreduce(s->ctx, whole.data(), total, dtype, op, deadline_of(s));
+        memcpy(recv, whole.data() + before * es, counts[t->rank] * es);
+    });
+}
+
+cfx_status gloo_barrier(cx_transport *t)
+{
+    State *s = state_of(t);
+    return guarded(t, "barrier", [&] {
+        if (t->size == 1)
+            return;
+        gloo::BarrierOptions o(s->ctx);
+        o.setTimeout(deadline_of(s));
+        gloo::barrier(o);
+    });
+}
+
+cfx_status gloo_cross_allreduce(cx_transport *t, void *buf, size_t count, cfx_dtype dtype,
+                                cfx_reduce_op op)
+{
+    State *s = state_of(t);
+    cfx_status st = check_op(t, op, "cross-host allreduce");
+    return st ? st : guarded(t, "cross-host allreduce", [&] {
+        if (s->cross)
+            run_allreduce(s->cross, buf, count, dtype, op, deadline_of(s));
+    });
+}
+
+cfx_status gloo_sendrecv(cx_transport *t, cx_group group, const void *send, size_t send_bytes,
+                         int to, void *recv, size_t recv_bytes, int from)
+{
+    State *s = state_of(t);
+    /* Group ranks to ranks of this transport: the world context carries every group. */
+    auto world_rank = [&](int r) {
+        if (r < 0)
+            return r;
+        if (group == CX_GROUP_LOCAL)
+            return s->local_members.at(static_cast<size_t>(r));
+        if (group == CX_GROUP_CROSS)
+            return s->cross_members.at(static_cast<size_t>(r));
+        return r;
+    };
+    return guarded(t, "sendrecv", [&] {
+        int dst = world_rank(to), src = world_rank(from);
+        if (dst == t->rank && src == t->rank) {
+            memmove(recv, send, std::min(send_bytes, recv_bytes));
+            return;
+        }
+        Pending p(deadline_of(s));
+        if (src >= 0)
+            p.recv(*s->ctx, recv, recv_bytes, src, kSendrecvSlot);
+        if (dst >= 0)
+            p.send(*s->ctx, send, send_bytes, dst, kSendrecvSlot);
+        p.wait();
+    });
+}
+
+/* ---- construction, split, destruction ------------------------------------------------------- */
+
+void release_root(Root *root)
+{
+    if (--root->refs > 0)
+        return;
+    stop_heartbeat(root);
+    /* Rank 0 may serve the TCP store: it waits until every rank has said it is done with the store
+     * (bounded by the rendezvous deadline) before the server goes away under them. After a peer
+     * was lost nobody waits for it. */
+    std::string mine = "world-done/" + std::to_string(root->world_rank);
+    if (!root->broken)
+        cx_store_set(root->store, mine.c_str(), "", 0);
+    if (root->world_rank == 0 && !root->broken) {
+        std::vector<std::string> keys;
+        std::vector<const char *> k;
+        for (int r = 0; r < root->world_size; r++)
+            keys.push_back("world-done/" + std::to_string(r));
+        for (const auto &key : keys)
+            k.push_back(key.c_str());
+        cx_store_wait(root->store, k.data(), k.size(), root->rendezvous_s);
+    }
+    cx_store_destroy(root->store);
+    delete root;
+}
+
+void gloo_destroy(cx_transport *t)
+{
+    if (!t)
+        return;
+    State *s = state_of(t);
+    Root *root = s->root;
+    s->cross.reset();
+    s->ctx.reset();
+    delete s;
+    delete reinterpret_cast<gloo_transport *>(t);
+    release_root(root);
+}
+
+cfx_status build(Root *root, const std::string &prefix, int rank, int size, cx_transport **out);
+
+cfx_status gloo_split(cx_transport *t, const int *ranks, size_t n, cx_transport **out)
+{
+    State *s = state_of(t);
+    *out = nullptr;
+    std::string prefix;
+    int new_rank = -1;
+    {
+        std::lock_guard<std::mutex> hold(s->split_mu);
+        prefix = s->prefix + "/split" + std::to_string(s->split_count++);
+    }
+    for (size_t i = 0; i < n; i++)
+        if (ranks[i] == t->rank)
+            new_rank = static_cast<int>(i);
+    if (new_rank < 0)
+        return CFX_OK;
+    s->root->refs++;
+    cfx_status st = build(s->root, prefix, new_rank, static_cast<int>(n), out);
+    if (st)
+        release_root(s->root);
+    return st;
+}
+
+/* The engine's segment reduces a host's share faster than Gloo's TCP pairs; every Gloo wait has
+ * the transport deadline, so a call in flight ends with CFX_ERR_PEER_LOST when a peer is lost. */
+const cx_transport_ops gloo_ops = {
+    "gloo",
+    {true, true, CX_TRANSPORT_CROSS_ALLREDUCE | CX_TRANSPORT_SPLIT | CX_TRANSPORT_SENDRECV},
+    gloo_gather_bytes, gloo_bcast_bytes, gloo_allreduce_and, gloo_allreduce,
+    gloo_allgatherv, gloo_broadcast, gloo_alltoallv, gloo_reduce_scatter, gloo_barrier,
+    gloo_cross_allreduce, gloo_split, gloo_sendrecv, gloo_destroy};
+
+std::string host_name(const Root *root, int world_rank)
+{
+    if (root->test_local_size > 0)
+        return "pretend-host-" + std::to_string(world_rank / root->test_local_size);
+    char name[256] = "";
+    gethostname(name, sizeof name - 1);
+    return name;
+}
+
+/* This process's IPv4 TCP endpoints, as Gloo's messages write them ("[ip]:port"):
+ * the local ends of its sockets (/proc/self/fd -> inodes -> /proc/net/tcp). A pair's connection
+ * shows the peer's end in a survivor's error whichever side connected. */
+std::vector<std::string> own_endpoints()
+{
+    std::vector<std::string> inodes, out;
+    if (DIR *d = opendir("/proc/self/fd")) {
+        while (struct dirent *e = readdir(d)) {
+            char link[64] = "", path[300];
+            snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+            ssize_t n = readlink(path, link, sizeof link - 1);
+            if (n > 9 && !strncmp(link, "socket:[", 8))
+                inodes.emplace_back(link + 8, static_cast<size_t>(n - 9));
+        }
+        closedir(d);
+    }
+    FILE *f = fopen("/proc/net/tcp", "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f)) {
+        unsigned a, port, st;
+        char inode[32];
+        /* Every state: a connection Gloo started may not be established yet when this runs, and
+         * its local port is fixed from connect() on. */
+        if (sscanf(line, " %*d: %8X:%4X %*8X:%*4X %2X %*s %*s %*s %*s %*s %31s", &a, &port, &st,
+                   inode) != 4 || std::find(inodes.begin(), inodes.end(), inode) == inodes.end())
+            continue;
+        char ep[64];
+        snprintf(ep, sizeof ep, "[%u.%u.%u.%u]:%u", a & 255, (a >> 8) & 255, (a >> 16) & 255,
+                 a >> 24, port);
+        out.push_back(ep);
+    }
+    if (f)
+        fclose(f);
+    return out;
+}
+
+/* Each rank publishes the endpoints its sockets have (pairs' listening addresses and connections'
+ * local ends) one per line; every rank keeps them all: the address in a failing pair's message ->
+ * that rank. */
+void learn_pair_peers(State *s, gloo::rendezvous::Store &store, gloo::Context &ctx)
+{
+    std::string mine;
+    for (int q = 0; q < ctx.size; q++)
+        if (q != ctx.rank)
+            mine += ctx.getPair(q)->address().str() + "\n";
+    for (const auto &ep : own_endpoints())
+        mine += ep + "\n";
+    store.set("endpoints/" + std::to_string(ctx.rank), std::vector<char>(mine.begin(), mine.end()));
+    for (int r = 0; r < ctx.size; r++) {
+        if (r == ctx.rank)
+            continue;
+        std::vector<char> v = store.get("endpoints/" + std::to_string(r));
+        std::string text(v.begin(), v.end());
+        for (size_t at = 0, nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1)
+            s->pair_peers.emplace_back(text.substr(at, nl - at), r);
+    }
+}
+
+/* The transport over `size` ranks meeting under `prefix`: hosts and addresses through the store,
+ * then the local and cross groups, then Gloo's full mesh (and the cross mesh). */
+cfx_status build(Root *root, const std::string &prefix, int rank, int size, cx_transport **out)
+{
+    auto *g = new (std::nothrow) gloo_transport();
+    State *s = g ? new (std::nothrow) State() : nullptr;
+    if (!s) {
+        delete g;
+        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "gloo: no memory for a transport");
+    }
+    g->base.ops = &gloo_ops;
+    g->base.rank = rank;
+    g->base.size = size;
+    g->st = s;
+    s->root = root;
+    s->prefix = prefix;
+    cx_transport *t = &g->base;
+    cfx_status st = guarded(t, "connection of the ranks", [&] {
+        StoreAdapter whole(root->store, root->rendezvous_s);
+        gloo::rendezvous::PrefixStore store(prefix, whole);
+        std::string me = host_name(root, root->world_rank) + "\n" + root->dev->str() + "\n" +
+                         std::to_string(root->world_rank);
+        store.set("host/" + std::to_string(rank), std::vector<char>(me.begin(), me.end()));
+        for (int r = 0; r < size; r++) {
+            std::vector<char> v = store.get("host/" + std::to_string(r));
+            std::string text(v.begin(), v.end());
+            size_t nl = text.find('\n');
+            s->hosts.push_back(text.substr(0, nl));
+            size_t nl2 = nl == std::string::npos ? nl : text.find('\n', nl + 1);
+            std::string addr = nl == std::string::npos ? "" : text.substr(nl + 1, nl2 - nl - 1);
+            s->world_ranks.push_back(nl2 == std::string::npos ? r : std::stoi(text.substr(nl2 + 1)));
+            /* Device::str() is "[address]" (with an interface sometimes): keep the address. */
+            size_t a = addr.find('['), b = addr.find(']');
+            s->addrs.push_back(a != std::string::npos && b != std::string::npos
+                                   ? addr.substr(a + 1, b - a - 1) : addr);
+        }
+        /* Hosts in the order of their lowest rank; the local group in rank order. */
+        std::vector<std::string> host_order;
+        for (int r = 0; r < size; r++)
+            if (std::find(host_order.begin(), host_order.end(), s->hosts[r]) == host_order.end())
+                host_order.push_back(s->hosts[r]);
+        for (int r = 0; r < size; r++)
+            if (s->hosts[r] == s->hosts[rank])
+                s->local_members.push_back(r);
+        t->local_size = static_cast<int>(s->local_members.size());
+        t->local_rank = static_cast<int>(std::find(s->local_members.begin(), s->local_members.end(),
+                                                   rank) - s->local_members.begin());
+        for (const auto &h : host_order) {
+            int index = 0;
+            for (int r = 0; r < size; r++) {
+                if (s->hosts[r] != h)
+                    continue;
+                if (index++ == t->local_rank) {
+                    if (r == rank)
+                        t->cross_rank = static_cast<int>(s->cross_members.size());
+                    s->cross_members.push_back(r);
+                }
+            }
+        }
+        t->cross_size = static_cast<int>(s->cross_members.size());
+
+        auto world = std::make_shared<gloo::rendezvous::Context>(rank, size);
+        world->setTimeout(millis(static_cast<long>(root->rendezvous_s * 1000)));
+        gloo::rendezvous::PrefixStore mesh("mesh", store);
+        world->connectFullMesh(mesh, root->dev);
+        world->setTimeout(deadline_of(s));
+        s->ctx = world;
+        learn_pair_peers(s, store, *world);
+        if (t->cross_size > 1) {
+            auto cross = std::make_shared<gloo::rendezvous::Context>(t->cross_rank, t->cross_size);
+            cross->setTimeout(millis(static_cast<long>(root->rendezvous_s * 1000)));
+            gloo::rendezvous::PrefixStore cross_store("cross" + std::to_string(t->local_rank),
+                                                      store);
+            cross->connectFullMesh(cross_store, root->dev);
+            cross->setTimeout(deadline_of(s));
+            s->cross = cross;
+        }
+    });
+    if (st) {
+        delete s;
+        delete g;
+        return st;
+    }
+    *out = t;
+    return CFX_OK;
+}
+
+/* Gloo writes to its sockets without MSG_NOSIGNAL: a write to a peer that just died would kill this
+ * process with SIGPIPE instead of failing the call with EPIPE. Ignored, unless the program installed
+ * a handler of its own (then that handler sees it). */
+void ignore_sigpipe()
+{
+    struct sigaction now;
+    if (sigaction(SIGPIPE, nullptr, &now) == 0 && now.sa_handler == SIG_DFL)
+        signal(SIGPIPE, SIG_IGN);
+}
+
+} // namespace
+
+extern "C" cfx_status cx_transport_gloo_create(cx_store *store, const cx_gloo_params *p,
+                                               cx_transport **out)
+{
+    *out = nullptr;
+    ignore_sigpipe();
+    Root *root = new (std::nothrow) Root();
+    if (!root) {
+        cx_store_destroy(store);
+        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "gloo: no memory for the transport");
+    }
+    root->store = store;
+    root->world_rank = p->rank;
+    root->world_size = p->size;
+    root->timeout_s = p->timeout_s;
+    root->rendezvous_s = p->rendezvous_s;
+    root->test_local_size = p->test_local_size;
+    try {
+        /* Gloo listens on the address this process reached the store from (the interface its
+         * peers can reach), else on what this host's name resolves to. */
+        gloo::transport::tcp::attr attr;
+        char name[256] = "";
+        gethostname(name, sizeof name - 1);
+        attr.hostname = store->local_addr[0] ? store->local_addr : name;
+        root->dev = gloo::transport::tcp::CreateDevice(attr);
+    } catch (const std::exception &e) {
+        cx_store_destroy(store);
+        delete root;
+        return cx_fail(CFX_ERR_TRANSPORT, "gloo: cannot open a TCP device: %s", e.what());
+    }
+    root->store_on_rank0 = p->store_on_rank0;
+    cfx_status st = build(root, "world", p->rank, p->size, out);
+    if (st) {
+        cx_store_destroy(store);
+        delete root;
+        return st;
+    }
+    try {
+        start_heartbeat(root);
+    } catch (const std::exception &e) {
+        gloo_destroy(*out);
+        *out = nullptr;
+        return cx_fail(CFX_ERR_INTERNAL, "gloo: cannot start the heartbeat thread: %s", e.what());
+    }
+    return CFX_OK;
+}
