@@ -156,7 +156,7 @@ static void sizes_booleans_and_hooks_parsed(void **state)
     (void)state;
     cx_config cfg;
     assert_int_equal(load(&cfg, NULL, no_vars), CFX_OK);
-    assert_true(cfg.gradset_bucket_bytes == 64ll << 20); /* the documented default */
+    assert_true(cfg.gradset_bucket_bytes == 25ll << 20); /* the documented default */
     assert_int_equal(cfg.compression_everywhere, 0);
     assert_true(cfg.test.local_size == 0 && cfg.test.direct_map_fail == 0 &&
                 cfg.test.device_path[0] == '\0' && cfg.test.fail.prefix[0] == '\0');

@@ -1,6 +1,6 @@
 """DDP step on the backend "conflux" beside DDP on "gloo", in one job (not a test: a measurement).
 
-    mpirun -np 2 python3 ddp_step_bench.py [--shapes tests/data/resnet50.tsv] [--rounds 5]
+    mpirun -np 2 python3 ddp_step_bench.py [--shapes bench/workloads/resnet50.tsv] [--rounds 5]
         [--steps 5] [--resnet18]
 
 A model with the parameters of --shapes (ResNet-50's 161 tensors, 25.6 M float32 values) whose
@@ -97,7 +97,7 @@ def ratio(times):
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shapes", default=os.path.join(here, "..", "..", "..", "tests", "data",
+    ap.add_argument("--shapes", default=os.path.join(here, "..", "..", "..", "bench", "workloads",
                                                      "resnet50.tsv"))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=5)
