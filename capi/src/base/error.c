@@ -42,6 +42,7 @@ const char *cfx_status_string(cfx_status status)
     case CFX_ERR_INTERNAL: return "internal error";
     case CFX_ERR_CUDA: return "CUDA error";
     case CFX_ERR_NCCL: return "NCCL error";
+    case CFX_ERR_MEMBERSHIP_CHANGED: return "the elastic world's membership changed";
     }
     return "unknown status";
 }

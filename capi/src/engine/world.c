@@ -87,7 +87,7 @@ static cfx_status join_over_gloo(const cx_config *cfg, const cx_launch *l,
                l->store_source[0] ? ")" : "");
     if (!st)
         st = cx_transport_gloo_create(store, &(cx_gloo_params){l->rank, l->size, transport_s,
-                                                               rendezvous_s, l->test_local_size},
+                                                               rendezvous_s, l->test_local_size, 0},
                                       out);
     if (st) {
         char msg[CX_ERROR_MAX];
