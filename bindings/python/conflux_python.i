@@ -24,11 +24,11 @@
 #include <unistd.h>
 
 /* One exception class per status (index = status value), created at module init. */
-static PyObject *cfx_py_exc[CFX_ERR_NCCL + 1];
+static PyObject *cfx_py_exc[CFX_ERR_MEMBERSHIP_CHANGED + 1];
 static PyObject *cfx_py_exc_base;
 
 static PyObject *cfx_py_class_for(int status) {
-    if (status > 0 && status <= CFX_ERR_NCCL && cfx_py_exc[status] != NULL) return cfx_py_exc[status];
+    if (status > 0 && status <= CFX_ERR_MEMBERSHIP_CHANGED && cfx_py_exc[status] != NULL) return cfx_py_exc[status];
     return cfx_py_exc_base;
 }
 
@@ -72,6 +72,8 @@ static int cfx_py_make_errors(PyObject *module_dict) {
         {CFX_ERR_INTERNAL, "InternalError", NULL, "An internal error of Conflux (a bug)."},
         {CFX_ERR_CUDA, "CudaError", NULL, "A CUDA call failed."},
         {CFX_ERR_NCCL, "NcclError", NULL, "An NCCL call failed."},
+        {CFX_ERR_MEMBERSHIP_CHANGED, "MembershipChangedError", NULL,
+         "The elastic world was formed again (or could not be): see cfx_context_reform."},
     };
     PyObject *builtins = PyEval_GetBuiltins(); /* borrowed */
     PyObject *dict = Py_BuildValue("{s:i,s:s}", "status", 0, "__doc__",

@@ -30,7 +30,7 @@ from ._core import (  # noqa: F401  (re-exported API)
     ConfluxError, InvalidArgumentError, NotInitializedError, ShutDownError, DuplicateNameError,
     MismatchError, UnsupportedError, OutOfMemoryError, TransportError, WaitTimeoutError,
     InProgressError, StaleHandleError, StallError, PeerLostError, ConfigError, VersionError,
-    JoinedError, InternalError, CudaError, NcclError, DtypeError,
+    JoinedError, InternalError, CudaError, NcclError, DtypeError, MembershipChangedError,
 )
 
 __version__ = _core.version()

@@ -39,6 +39,7 @@ JoinedError = _native.JoinedError
 InternalError = _native.InternalError
 CudaError = _native.CudaError
 NcclError = _native.NcclError
+MembershipChangedError = _native.MembershipChangedError
 
 
 

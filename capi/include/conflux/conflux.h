@@ -553,7 +553,7 @@ CFX_API int cfx_member_id(const cfx_context *ctx);
 
 /* How many newcomers are waiting to join the next round (a local look at the store: ranks may see
  * different counts; agree with a collective before reforming). */
-CFX_API cfx_status cfx_membership_pending(cfx_context *ctx, int *newcomers);
+CFX_API cfx_status cfx_membership_pending(cfx_context *ctx, int *out);
 
 #ifdef __cplusplus
 }

@@ -168,14 +168,14 @@ int cfx_member_id(const cfx_context *ctx)
     return m ? cx_membership_id(m) : -1;
 }
 
-cfx_status cfx_membership_pending(cfx_context *ctx, int *newcomers)
+cfx_status cfx_membership_pending(cfx_context *ctx, int *out)
 {
-    if (!newcomers)
-        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_membership_pending: newcomers is NULL");
-    *newcomers = 0;
+    if (!out)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_membership_pending: out is NULL");
+    *out = 0;
     if (!membership_of("cfx_membership_pending", ctx))
         return ctx ? CFX_ERR_UNSUPPORTED : CFX_ERR_NOT_INITIALIZED;
-    return cx_membership_pending(ctx->membership, newcomers);
+    return cx_membership_pending(ctx->membership, out);
 }
 
 cfx_status cfx_shutdown(cfx_context *ctx)
