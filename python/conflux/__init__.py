@@ -31,6 +31,7 @@ from ._core import (  # noqa: F401  (re-exported API)
     MismatchError, UnsupportedError, OutOfMemoryError, TransportError, WaitTimeoutError,
     InProgressError, StaleHandleError, StallError, PeerLostError, ConfigError, VersionError,
     JoinedError, InternalError, CudaError, NcclError, DtypeError, MembershipChangedError,
+    reform, membership_round, member_id, membership_pending,
 )
 
 __version__ = _core.version()

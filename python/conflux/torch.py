@@ -28,7 +28,8 @@ from ._core import (  # noqa: F401  (re-exported API)
     ConfluxError, InvalidArgumentError, NotInitializedError, ShutDownError, DuplicateNameError,
     MismatchError, UnsupportedError, OutOfMemoryError, TransportError, WaitTimeoutError,
     InProgressError, StaleHandleError, StallError, PeerLostError, ConfigError, VersionError,
-    JoinedError, InternalError, CudaError, NcclError, DtypeError,
+    JoinedError, InternalError, CudaError, NcclError, DtypeError, MembershipChangedError,
+    reform, membership_round, member_id, membership_pending,
 )
 
 __all__ = list(_core.BASE_NAMES) + list(_ops.NAMES) + [
@@ -398,3 +399,6 @@ from .torch_process_sets import ProcessSet  # noqa: E402  (needs the module abov
 
 # The optimizer (conflux/torch_optimizer.py) builds on the names above.
 from .torch_optimizer import DistributedOptimizer  # noqa: E402
+
+# Elastic training (docs/elastic.md): conflux.torch.elastic.run, TorchState, ObjectState.
+from . import torch_elastic as elastic  # noqa: E402,F401
