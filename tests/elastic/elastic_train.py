@@ -6,11 +6,13 @@ reference is a single process over the same batches.
 
 Test knobs (environment): ELASTIC_KILL="host:how:epoch:batch" makes the workers of that host end
 there in the first world (how: sigkill or raise); ELASTIC_ADD_HOST="path:line" makes rank 0 append
-`line` to the discovery script's hosts file at epoch 1, batch 0; ELASTIC_OUT: rank 0 writes the
+`line` to the discovery script's hosts file at epoch 1, batch 0 (and the ranks wait for the newcomer's
+hello at batch 1); ELASTIC_OUT: rank 0 writes the
 final parameters and sizes seen there."""
 import json
 import os
 import signal
+import time
 
 import numpy as np
 import torch
@@ -48,6 +50,18 @@ def maybe_fail(epoch, b):
         raise RuntimeError("injected failure on host %s" % kill[0])
 
 
+def wait_for_newcomer():
+    """Test pacing: the newcomer's start (Python, torch) takes longer than this whole training, so
+    the ranks wait, agreeing every 0.2 s, until it said hello; it then joins at the next commit."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        seen = hvd.allreduce(torch.tensor([conflux.membership_pending()]), op=hvd.Max,
+                             name="newcomer_seen")
+        if int(seen.item()) > 0:
+            return
+        time.sleep(0.2)
+
+
 @hvd.elastic.run
 def train(state):
     for state.epoch in range(state.epoch, EPOCHS):
@@ -57,6 +71,8 @@ def train(state):
             if len(add) == 2 and hvd.rank() == 0 and (state.epoch, b) == (1, 0) and hvd.size() < 3:
                 with open(add[0], "a") as f:
                     f.write(add[1] + "\n")
+            if len(add) == 2 and (state.epoch, b) == (1, 1) and hvd.size() < 3:
+                wait_for_newcomer()
             x, y = batch(state.epoch, b)
             mine = slice(hvd.rank(), None, hvd.size())
             optimizer.zero_grad()
