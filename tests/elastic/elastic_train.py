@@ -37,7 +37,8 @@ with torch.no_grad():
 optimizer = torch.optim.SGD(model.parameters(), lr=LR)
 state = hvd.elastic.TorchState(model, optimizer, epoch=0, batch=0)
 sizes = []
-state.register_reset_callbacks([lambda: sizes.append(hvd.size())])
+reset_times = []
+state.register_reset_callbacks([lambda: (sizes.append(hvd.size()), reset_times.append(time.time()))])
 kill = os.environ.get("ELASTIC_KILL", "").split(":")
 add = os.environ.get("ELASTIC_ADD_HOST", "").split(":", 1)
 
@@ -45,6 +46,9 @@ add = os.environ.get("ELASTIC_ADD_HOST", "").split(":", 1)
 def maybe_fail(epoch, b):
     if len(kill) == 4 and os.environ["HOROVOD_HOSTNAME"] == kill[0] and \
             (epoch, b) == (int(kill[2]), int(kill[3])) and conflux.membership_round() == 1:
+        if os.environ.get("ELASTIC_OUT"):  # when it failed, for the test's recovery time
+            with open(os.environ["ELASTIC_OUT"] + ".lost", "w") as f:
+                f.write(repr(time.time()))
         if kill[1] == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
         raise RuntimeError("injected failure on host %s" % kill[0])
@@ -90,5 +94,5 @@ train(state)
 if hvd.rank() == 0 and os.environ.get("ELASTIC_OUT"):
     with open(os.environ["ELASTIC_OUT"], "w") as f:
         json.dump({"weight": model.weight.detach().flatten().tolist(), "size": hvd.size(),
-                   "sizes": sizes}, f)
+                   "sizes": sizes, "reset_times": reset_times}, f)
 hvd.shutdown()

@@ -70,6 +70,10 @@ def main():
         check(p.returncode == 0, "the job failed (status %d)" % p.returncode)
         r = final(out)
         check(r["size"] == 2, "the survivors' world has %d ranks, not 2" % r["size"])
+        with open(out + ".lost") as f:
+            lost = float(f.read())
+        print("from the lost workers to the new world (reset callback on rank 0): %.2f s"
+              % (r["reset_times"][0] - lost))
         check(np.allclose(r["weight"], want, rtol=0, atol=1e-9),
               "final parameters %s differ from the fixed-world reference %s" % (r["weight"], want))
     elif mode == "grow":
