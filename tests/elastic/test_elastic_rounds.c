@@ -10,6 +10,9 @@
  *   test_elastic_rounds kill NP       the last rank SIGKILLs itself mid-loop; survivors re-form
  *                                     and go on with NP-1 ranks
  *   test_elastic_rounds exit NP       the last rank exits (as on an uncaught exception)
+ *   test_elastic_rounds stop NP       the last rank stops (SIGSTOP: silent, as behind a link that
+ *                                     went down): the survivors' transport deadline, then the
+ *                                     round's deadline, leave it out
  *   test_elastic_rounds grow NP       a newcomer started later joins at the survivors' next check
  *   test_elastic_rounds below_min NP  one rank dies and min_size is NP: the survivors get
  *                                     CFX_ERR_MEMBERSHIP_CHANGED naming the lost member, no hang
@@ -178,6 +181,8 @@ static int lose_one(int how_kill, int min_size)
     o.timeout_s = 10;
     for (int step = 0; step < STEPS;) {
         if (me == victim && step == DIE_AT) {
+            if (how_kill == 2)
+                raise(SIGSTOP); /* silent: sockets open, nothing answers (a link down) */
             if (how_kill)
                 raise(SIGKILL);
             _exit(3); /* atexit handlers left out as after a crash: the peers see the socket close */
@@ -291,6 +296,8 @@ int main(int argc, char **argv)
             return lose_one(1, 1);
         if (!strcmp(mode, "exit"))
             return lose_one(0, 1);
+        if (!strcmp(mode, "stop"))
+            return lose_one(2, 1);
         if (!strcmp(mode, "below_min"))
             return lose_one(1, np);
         if (!strcmp(mode, "grow"))
@@ -312,11 +319,14 @@ int main(int argc, char **argv)
         sleep(2); /* the first world trains a while before the newcomer comes */
         pids[np] = start(dir, np, np, argv);
     }
-    int victim = (!strcmp(mode, "kill") || !strcmp(mode, "exit") || !strcmp(mode, "below_min"))
-                     ? np - 1 : -1;
+    int stop = !strcmp(mode, "stop");
+    int victim = (!strcmp(mode, "kill") || !strcmp(mode, "exit") || !strcmp(mode, "below_min") ||
+                  stop) ? np - 1 : -1;
     int failures = 0;
     for (int left = total; left > 0; left--) {
         int status;
+        if (stop && left == 1) /* the survivors are done: end the silent one */
+            kill(pids[victim], SIGKILL);
         pid_t pid = wait(&status);
         CHECK(pid > 0, "wait");
         int id = 0;
