@@ -69,7 +69,8 @@ static cfx_status join_over_gloo(const cx_config *cfg, const cx_launch *l,
     char space[32];
     snprintf(space, sizeof space, "world%u", generation);
     cx_store *store = NULL;
-    int serve = l->rank == 0 && !l->store_served_by_launcher;
+    int store_on_rank0 = !handed && !l->store_dir[0] && !l->store_served_by_launcher;
+    int serve = l->rank == 0 && store_on_rank0;
     if (handed)
         st = cx_store_from_callbacks(handed, &store);
     else if (l->store_dir[0])
@@ -87,7 +88,8 @@ static cfx_status join_over_gloo(const cx_config *cfg, const cx_launch *l,
                l->store_source[0] ? ")" : "");
     if (!st)
         st = cx_transport_gloo_create(store, &(cx_gloo_params){l->rank, l->size, transport_s,
-                                                               rendezvous_s, l->test_local_size, 0},
+                                                               rendezvous_s, l->test_local_size,
+                                                               store_on_rank0},
                                       out);
     if (st) {
         char msg[CX_ERROR_MAX];
@@ -147,13 +149,11 @@ cfx_status cx_world_create_transport(const cx_config *cfg, const cfx_store_callb
                        "(configure with CONFLUX_WITH_MPI=ON)");
 #endif
     }
-    /* AUTO: MPI where mpirun started the job; Gloo where another launcher did. */
+    /* AUTO: MPI where mpirun started the job; Gloo where another launcher did (or where mpirun
+     * did, this build has no MPI, and CFX_RENDEZVOUS_* say where to meet). */
     if (launched_by_other && l.size > 1)
         return over_gloo(cfg, &l, NULL, out);
-    if (l.launcher == CX_LAUNCHER_OPENMPI && (l.store_port || l.store_dir[0])) {
-#if !CFX_HAVE_MPI
+    if (!CFX_HAVE_MPI && l.launcher == CX_LAUNCHER_OPENMPI && (l.store_port || l.store_dir[0]))
         return over_gloo(cfg, &l, NULL, out);
-#endif
-    }
     return mpi_or_alone(&l, out);
 }

@@ -50,6 +50,12 @@ void cx_store_destroy(cx_store *s)
         s->ops->destroy(s);
 }
 
+void cx_store_interrupt(cx_store *s)
+{
+    if (s && s->ops->interrupt)
+        s->ops->interrupt(s);
+}
+
 /* ---- prefixed view ---------------------------------------------------------------------------- */
 
 typedef struct prefixed_store {
@@ -120,8 +126,11 @@ static void prefixed_destroy(cx_store *s)
     free(p);
 }
 
+static void prefixed_interrupt(cx_store *s) { cx_store_interrupt(((prefixed_store *)s)->inner); }
+
 static const cx_store_ops prefixed_ops = {"prefixed store", prefixed_set, prefixed_check,
-                                          prefixed_get, prefixed_wait, prefixed_destroy};
+                                          prefixed_get, prefixed_wait, prefixed_interrupt,
+                                          prefixed_destroy};
 
 cfx_status cx_store_prefixed(cx_store *base, const char *prefix, int owns_base, cx_store **out)
 {
@@ -215,7 +224,7 @@ static cfx_status callback_wait(cx_store *s, const char *const *keys, size_t n, 
 static void callback_destroy(cx_store *s) { free(s); }
 
 static const cx_store_ops callback_ops = {"callback store", callback_set, callback_check,
-                                          callback_get, callback_wait, callback_destroy};
+                                          callback_get, callback_wait, NULL, callback_destroy};
 
 cfx_status cx_store_from_callbacks(const cfx_store_callbacks *cb, cx_store **out)
 {

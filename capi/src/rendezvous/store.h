@@ -30,6 +30,9 @@ typedef struct cx_store_ops {
     /* Optional: waits for every key until timeout_s; CFX_ERR_TIMEOUT naming the first key missing.
      * NULL: cx_store_wait polls check with a backoff. */
     cfx_status (*wait)(cx_store *s, const char *const *keys, size_t n, double timeout_s);
+    /* Optional: makes a call blocked on a silent server (and every later call) fail at once, so
+     * a thread using the store can be joined. */
+    void (*interrupt)(cx_store *s);
     void (*destroy)(cx_store *s);
 } cx_store_ops;
 
@@ -53,6 +56,9 @@ static inline cfx_status cx_store_set(cx_store *s, const char *key, const void *
 }
 
 void cx_store_destroy(cx_store *s);
+
+/* See cx_store_ops.interrupt; a no-op for stores without one. */
+void cx_store_interrupt(cx_store *s);
 
 /* A view of `base` whose keys all start with "prefix/". With owns_base the view frees base (also
  * when this call fails); otherwise base must outlive the view. */

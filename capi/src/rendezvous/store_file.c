@@ -116,7 +116,7 @@ static cfx_status file_get(cx_store *s, const char *key, void **data, size_t *le
 
 static void file_destroy(cx_store *s) { free(s); }
 
-static const cx_store_ops file_ops = {"file store", file_set, file_check, file_get, NULL,
+static const cx_store_ops file_ops = {"file store", file_set, file_check, file_get, NULL, NULL,
                                       file_destroy};
 
 cfx_status cx_store_file_create(const char *dir, cx_store **out)

@@ -381,7 +381,17 @@ static void tcp_destroy(cx_store *s)
     free(t);
 }
 
-static const cx_store_ops tcp_ops = {"TCP store", tcp_set, tcp_check, tcp_get, NULL, tcp_destroy};
+/* shutdown() (not close: the descriptor stays valid for the thread using it) wakes a blocked
+ * recv with an error. */
+static void tcp_interrupt(cx_store *s)
+{
+    tcp_store *t = (tcp_store *)s;
+    if (t->fd >= 0)
+        shutdown(t->fd, SHUT_RDWR);
+}
+
+static const cx_store_ops tcp_ops = {"TCP store", tcp_set, tcp_check, tcp_get, NULL, tcp_interrupt,
+                                     tcp_destroy};
 
 /* One connection attempt to any address of host:port: the socket, or -1 (errno set). */
 static int connect_once(const char *host, int port, double io_timeout_s, int *gai_error)
@@ -434,15 +444,17 @@ cfx_status cx_store_tcp_create(const char *host, int port, int serve, unsigned g
         err = errno;
         if (t->fd >= 0) {
             unsigned char hello[GREETING_LEN + 4];
-            if (read_full(t->fd, hello, sizeof hello) || memcmp(hello, GREETING, GREETING_LEN)) {
+            int unread = read_full(t->fd, hello, sizeof hello);
+            if (!unread && memcmp(hello, GREETING, GREETING_LEN)) {
                 st = cx_fail(CFX_ERR_CONFIG, "rendezvous: something other than a Conflux store "
                              "answers at %s:%d (set CFX_RENDEZVOUS_PORT to a free port)", host, port);
                 break;
             }
-            unsigned served = get_u32(hello + GREETING_LEN);
+            unsigned served = unread ? ~0u : get_u32(hello + GREETING_LEN);
             if (served == 0 || served == generation)
                 break;
-            /* The server of an earlier world, shutting down: wait for this world's. */
+            /* Closed before greeting (a server shutting down), or the server of an earlier world
+             * shutting down: wait for this world's. */
             close(t->fd);
             t->fd = -1;
             err = ECONNREFUSED;

@@ -11,17 +11,23 @@
  */
 #include "transport/transport_gloo.h"
 
+#include <dirent.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gloo/allreduce.h>
@@ -101,15 +107,113 @@ struct Root {
     std::atomic<int> refs{1};
     int world_rank = 0, world_size = 0;
     double timeout_s = 30, rendezvous_s = 60;
-    bool store_outlives = false; /* the store is not served by rank 0: no waiting at the end */
     int test_local_size = 0;
+    int store_on_rank0 = 0;
+    std::atomic<bool> broken{false}; /* a peer was lost: no goodbye through the store */
+    /* Heartbeats through the store, so a timeout can name the rank that went silent (a stopped
+     * process keeps its connections open: only its silence shows). */
+    std::thread beat;
+    std::mutex beat_mu;
+    std::condition_variable beat_cv;
+    bool beat_stop = false;
+    double beat_period_s = 1;
+    std::vector<std::string> beat_seen; /* per world rank: its last counter */
+    std::vector<double> beat_advanced;  /* per world rank: when its counter last moved */
+    double beat_round = 0;              /* when the store last answered a whole round */
 };
+
+double steady_s()
+{
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+void beat_main(Root *root)
+{
+    const int n = root->world_size;
+    std::vector<std::string> keys;
+    for (int r = 0; r < n; r++)
+        keys.push_back("beat/" + std::to_string(r));
+    std::unique_lock<std::mutex> hold(root->beat_mu);
+    for (uint64_t count = 1; !root->beat_stop; count++) {
+        hold.unlock();
+        std::string mine = std::to_string(count);
+        bool ok = !cx_store_set(root->store, keys[root->world_rank].c_str(), mine.data(),
+                                mine.size());
+        std::vector<std::string> seen(static_cast<size_t>(n));
+        for (int r = 0; ok && r < n; r++) {
+            int present = 0;
+            void *data = nullptr;
+            size_t len = 0;
+            ok = !root->store->ops->check(root->store, keys[r].c_str(), &present);
+            if (ok && present && !(ok = !root->store->ops->get(root->store, keys[r].c_str(), &data,
+                                                               &len)))
+                break;
+            if (data)
+                seen[r].assign(static_cast<char *>(data), len);
+            free(data);
+        }
+        hold.lock();
+        double now = steady_s();
+        if (ok) {
+            for (int r = 0; r < n; r++)
+                if (seen[r] != root->beat_seen[r]) {
+                    root->beat_seen[r] = seen[r];
+                    root->beat_advanced[r] = now;
+                }
+            root->beat_round = now;
+        }
+        root->beat_cv.wait_for(hold, std::chrono::duration<double>(root->beat_period_s));
+    }
+}
+
+void start_heartbeat(Root *root)
+{
+    double now = steady_s();
+    root->beat_period_s = std::max(0.5, std::min(2.0, root->timeout_s / 5));
+    root->beat_seen.assign(static_cast<size_t>(root->world_size), std::string());
+    root->beat_advanced.assign(static_cast<size_t>(root->world_size), now);
+    root->beat_round = now;
+    root->beat = std::thread(beat_main, root);
+}
+
+void stop_heartbeat(Root *root)
+{
+    if (!root->beat.joinable())
+        return;
+    {
+        std::lock_guard<std::mutex> hold(root->beat_mu);
+        root->beat_stop = true;
+    }
+    root->beat_cv.notify_all();
+    if (root->broken)
+        cx_store_interrupt(root->store); /* it may be blocked on a silent store server */
+    root->beat.join();
+}
+
+/* World ranks whose heartbeat stopped (more than 2.5 periods), and whether the store went silent
+ * itself (then the heartbeats say nothing new). */
+std::vector<int> silent_world_ranks(Root *root, bool *store_silent)
+{
+    std::lock_guard<std::mutex> hold(root->beat_mu);
+    double now = steady_s(), stale = 2.5 * root->beat_period_s;
+    std::vector<int> out;
+    *store_silent = now - root->beat_round > stale;
+    for (int r = 0; !*store_silent && r < root->world_size; r++)
+        if (r != root->world_rank && now - root->beat_advanced[r] > stale)
+            out.push_back(r);
+    return out;
+}
 
 struct State {
     Root *root = nullptr;
     std::string prefix;                         /* this transport's key space in the store */
     std::shared_ptr<gloo::Context> ctx, cross;  /* cross: NULL when cross_size is 1 */
     std::vector<std::string> hosts, addrs;      /* per rank: host name, address Gloo listens on */
+    std::vector<int> world_ranks;               /* per rank: its rank in the world */
+    /* Every other rank's socket endpoints ("[10.0.0.2]:4567", as Gloo's messages write them) ->
+     * that rank: an I/O error names the address, the message names the rank. */
+    std::vector<std::pair<std::string, int>> pair_peers;
     std::vector<int> local_members, cross_members; /* ranks, in local / cross rank order */
     unsigned split_count = 0;
     std::mutex split_mu;
@@ -129,25 +233,101 @@ millis deadline_of(const State *s)
 
 /* Who an I/O failure points at: the only other rank of two, or the ranks at the address Gloo's
  * message names ("[10.0.0.2]:4567"), or every host. */
-std::string suspects(const State *s, int self, const std::string &text)
+/* The world rank that world rank `who` published as lost ("blame/<who>"), or -1 (none yet, or
+ * the store went silent: a silent store would hold this thread too). */
+int blamed_by(Root *root, int who)
+{
+    bool store_silent = false;
+    silent_world_ranks(root, &store_silent);
+    std::string key = "blame/" + std::to_string(who);
+    int present = 0, blamed = -1;
+    void *data = nullptr;
+    size_t len = 0;
+    if (store_silent || root->store->ops->check(root->store, key.c_str(), &present) || !present ||
+        root->store->ops->get(root->store, key.c_str(), &data, &len))
+        return -1;
+    blamed = std::atoi(std::string(static_cast<char *>(data), len).c_str());
+    free(data);
+    return blamed;
+}
+
+/* What another rank that lost a peer first published ("blame/<world rank>" = the world rank it
+ * named), when the store still answers: a rank whose connection was closed by a survivor shutting
+ * down learns from that survivor who was lost. -1 when nobody said. */
+int blamed_by_others(const State *s)
+{
+    Root *root = s->root;
+    bool store_silent = false;
+    silent_world_ranks(root, &store_silent);
+    if (store_silent)
+        return -1; /* a silent store would hold this thread too */
+    for (int attempt = 0; attempt < 5; attempt++) {
+        for (int r = 0; r < root->world_size; r++) {
+            std::string key = "blame/" + std::to_string(r);
+            int present = 0;
+            void *data = nullptr;
+            size_t len = 0;
+            if (r == root->world_rank || root->store->ops->check(root->store, key.c_str(), &present) ||
+                !present || root->store->ops->get(root->store, key.c_str(), &data, &len))
+                continue;
+            int blamed = std::atoi(std::string(static_cast<char *>(data), len).c_str());
+            free(data);
+            return blamed;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return -1;
+}
+
+/* Who an I/O failure points at, and that rank's world rank (-1 when not one rank): the only other
+ * rank of two; the rank whose pair address Gloo's message names; the ranks whose heartbeat
+ * stopped; rank 0 when the store it serves went silent; the rank another survivor named. */
+std::string suspects(const State *s, int self, const std::string &text, int *world_rank)
 {
     const int n = static_cast<int>(s->hosts.size());
     auto one = [&](int r) {
+        *world_rank = s->world_ranks[r];
         return "rank " + std::to_string(r) + " on host " + s->hosts[r];
     };
+    *world_rank = -1;
     if (n == 2)
         return one(1 - self);
-    std::string found;
-    size_t open = text.find('[');
-    size_t close = open == std::string::npos ? open : text.find(']', open);
-    if (close != std::string::npos) {
-        std::string addr = text.substr(open + 1, close - open - 1);
-        for (int r = 0; r < n; r++)
-            if (r != self && s->addrs[r] == addr)
-                found += (found.empty() ? "" : " or ") + one(r);
+    for (const auto &p : s->pair_peers) /* "[ip]:port" followed by a non-digit */
+        for (size_t at = text.find(p.first); at != std::string::npos;
+             at = text.find(p.first, at + 1))
+            if (!isdigit(static_cast<unsigned char>(text[at + p.first.size()]))) {
+                /* A survivor that closed its end after losing a peer itself said whom it lost. */
+                int closer = s->world_ranks[p.second];
+                int theirs = blamed_by(s->root, closer);
+                for (int r = 0; theirs >= 0 && r < n; r++)
+                    if (s->world_ranks[r] == theirs && r != self)
+                        return one(r) + " (as rank " + std::to_string(p.second) +
+                               ", which closed its connection, found)";
+                return one(p.second);
+            }
+    bool store_silent = false;
+    std::vector<int> quiet = silent_world_ranks(s->root, &store_silent);
+    std::vector<int> quiet_here;
+    for (int r = 0; r < n; r++)
+        if (r != self && std::find(quiet.begin(), quiet.end(), s->world_ranks[r]) != quiet.end())
+            quiet_here.push_back(r);
+    std::string beats = " (no heartbeat for over " +
+                        std::to_string(static_cast<int>(2.5 * s->root->beat_period_s + 0.5)) + " s)";
+    if (quiet_here.size() == 1)
+        return one(quiet_here[0]) + beats;
+    if (!quiet_here.empty()) {
+        std::string all;
+        for (int r : quiet_here)
+            all += (all.empty() ? "" : " and ") + one(r);
+        *world_rank = -1;
+        return all + beats;
     }
-    if (!found.empty())
-        return found;
+    if (store_silent && s->root->store_on_rank0 && s->world_ranks[0] == 0 && self != 0)
+        return one(0) + " (the rendezvous store it serves stopped answering too)";
+    int blamed = blamed_by_others(s);
+    for (int r = 0; r < n; r++)
+        if (blamed >= 0 && s->world_ranks[r] == blamed && r != self)
+            return one(r) + " (as another rank found)";
     std::string hosts;
     for (int r = 0; r < n; r++)
         if (hosts.find(s->hosts[r]) == std::string::npos)
@@ -163,10 +343,18 @@ template <class F> cfx_status guarded(cx_transport *t, const char *what, F &&bod
         body();
         return CFX_OK;
     } catch (const gloo::IoException &e) {
+        bool first = !s->root->broken.exchange(true);
+        int lost = -1;
+        std::string who = suspects(s, t->rank, e.what(), &lost);
+        bool store_silent = false;
+        silent_world_ranks(s->root, &store_silent);
+        if (first && lost >= 0 && !store_silent) { /* for the survivors whose errors name no one */
+            std::string key = "blame/" + std::to_string(s->root->world_rank), v = std::to_string(lost);
+            cx_store_set(s->root->store, key.c_str(), v.data(), v.size());
+        }
         return cx_fail(CFX_ERR_PEER_LOST, "gloo %s (rank %d of %d): a peer died or stopped "
                        "answering within %g s (CFX_TRANSPORT_TIMEOUT_S): suspect %s; gloo says: %s",
-                       what, t->rank, t->size, s->root->timeout_s,
-                       suspects(s, t->rank, e.what()).c_str(), e.what());
+                       what, t->rank, t->size, s->root->timeout_s, who.c_str(), e.what());
     } catch (const std::bad_alloc &) {
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "gloo %s: out of memory", what);
     } catch (const std::exception &e) {
@@ -503,11 +691,14 @@ void release_root(Root *root)
 {
     if (--root->refs > 0)
         return;
+    stop_heartbeat(root);
     /* Rank 0 may serve the TCP store: it waits until every rank has said it is done with the store
-     * (bounded by the rendezvous deadline) before the server goes away under them. */
+     * (bounded by the rendezvous deadline) before the server goes away under them. After a peer
+     * was lost nobody waits for it. */
     std::string mine = "world-done/" + std::to_string(root->world_rank);
-    cx_store_set(root->store, mine.c_str(), "", 0);
-    if (root->world_rank == 0 && !root->store_outlives) {
+    if (!root->broken)
+        cx_store_set(root->store, mine.c_str(), "", 0);
+    if (root->world_rank == 0 && !root->broken) {
         std::vector<std::string> keys;
         std::vector<const char *> k;
         for (int r = 0; r < root->world_size; r++)
@@ -571,6 +762,64 @@ std::string host_name(const Root *root, int world_rank)
     return name;
 }
 
+/* This process's IPv4 TCP endpoints, as Gloo's messages write them ("[ip]:port"):
+ * the local ends of its sockets (/proc/self/fd -> inodes -> /proc/net/tcp). A pair's connection
+ * shows the peer's end in a survivor's error whichever side connected. */
+std::vector<std::string> own_endpoints()
+{
+    std::vector<std::string> inodes, out;
+    if (DIR *d = opendir("/proc/self/fd")) {
+        while (struct dirent *e = readdir(d)) {
+            char link[64] = "", path[300];
+            snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+            ssize_t n = readlink(path, link, sizeof link - 1);
+            if (n > 9 && !strncmp(link, "socket:[", 8))
+                inodes.emplace_back(link + 8, static_cast<size_t>(n - 9));
+        }
+        closedir(d);
+    }
+    FILE *f = fopen("/proc/net/tcp", "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f)) {
+        unsigned a, port, st;
+        char inode[32];
+        /* Every state: a connection Gloo started may not be established yet when this runs, and
+         * its local port is fixed from connect() on. */
+        if (sscanf(line, " %*d: %8X:%4X %*8X:%*4X %2X %*s %*s %*s %*s %*s %31s", &a, &port, &st,
+                   inode) != 4 || std::find(inodes.begin(), inodes.end(), inode) == inodes.end())
+            continue;
+        char ep[64];
+        snprintf(ep, sizeof ep, "[%u.%u.%u.%u]:%u", a & 255, (a >> 8) & 255, (a >> 16) & 255,
+                 a >> 24, port);
+        out.push_back(ep);
+    }
+    if (f)
+        fclose(f);
+    return out;
+}
+
+/* Each rank publishes the endpoints its sockets have (pairs' listening addresses and connections'
+ * local ends) one per line; every rank keeps them all: the address in a failing pair's message ->
+ * that rank. */
+void learn_pair_peers(State *s, gloo::rendezvous::Store &store, gloo::Context &ctx)
+{
+    std::string mine;
+    for (int q = 0; q < ctx.size; q++)
+        if (q != ctx.rank)
+            mine += ctx.getPair(q)->address().str() + "\n";
+    for (const auto &ep : own_endpoints())
+        mine += ep + "\n";
+    store.set("endpoints/" + std::to_string(ctx.rank), std::vector<char>(mine.begin(), mine.end()));
+    for (int r = 0; r < ctx.size; r++) {
+        if (r == ctx.rank)
+            continue;
+        std::vector<char> v = store.get("endpoints/" + std::to_string(r));
+        std::string text(v.begin(), v.end());
+        for (size_t at = 0, nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1)
+            s->pair_peers.emplace_back(text.substr(at, nl - at), r);
+    }
+}
+
 /* The transport over `size` ranks meeting under `prefix`: hosts and addresses through the store,
  * then the local and cross groups, then Gloo's full mesh (and the cross mesh). */
 cfx_status build(Root *root, const std::string &prefix, int rank, int size, cx_transport **out)
@@ -591,14 +840,17 @@ cfx_status build(Root *root, const std::string &prefix, int rank, int size, cx_t
     cfx_status st = guarded(t, "connection of the ranks", [&] {
         StoreAdapter whole(root->store, root->rendezvous_s);
         gloo::rendezvous::PrefixStore store(prefix, whole);
-        std::string me = host_name(root, root->world_rank) + "\n" + root->dev->str();
+        std::string me = host_name(root, root->world_rank) + "\n" + root->dev->str() + "\n" +
+                         std::to_string(root->world_rank);
         store.set("host/" + std::to_string(rank), std::vector<char>(me.begin(), me.end()));
         for (int r = 0; r < size; r++) {
             std::vector<char> v = store.get("host/" + std::to_string(r));
             std::string text(v.begin(), v.end());
             size_t nl = text.find('\n');
             s->hosts.push_back(text.substr(0, nl));
-            std::string addr = nl == std::string::npos ? "" : text.substr(nl + 1);
+            size_t nl2 = nl == std::string::npos ? nl : text.find('\n', nl + 1);
+            std::string addr = nl == std::string::npos ? "" : text.substr(nl + 1, nl2 - nl - 1);
+            s->world_ranks.push_back(nl2 == std::string::npos ? r : std::stoi(text.substr(nl2 + 1)));
             /* Device::str() is "[address]" (with an interface sometimes): keep the address. */
             size_t a = addr.find('['), b = addr.find(']');
             s->addrs.push_back(a != std::string::npos && b != std::string::npos
@@ -635,6 +887,7 @@ cfx_status build(Root *root, const std::string &prefix, int rank, int size, cx_t
         world->connectFullMesh(mesh, root->dev);
         world->setTimeout(deadline_of(s));
         s->ctx = world;
+        learn_pair_peers(s, store, *world);
         if (t->cross_size > 1) {
             auto cross = std::make_shared<gloo::rendezvous::Context>(t->cross_rank, t->cross_size);
             cross->setTimeout(millis(static_cast<long>(root->rendezvous_s * 1000)));
@@ -654,12 +907,23 @@ cfx_status build(Root *root, const std::string &prefix, int rank, int size, cx_t
     return CFX_OK;
 }
 
+/* Gloo writes to its sockets without MSG_NOSIGNAL: a write to a peer that just died would kill this
+ * process with SIGPIPE instead of failing the call with EPIPE. Ignored, unless the program installed
+ * a handler of its own (then that handler sees it). */
+void ignore_sigpipe()
+{
+    struct sigaction now;
+    if (sigaction(SIGPIPE, nullptr, &now) == 0 && now.sa_handler == SIG_DFL)
+        signal(SIGPIPE, SIG_IGN);
+}
+
 } // namespace
 
 extern "C" cfx_status cx_transport_gloo_create(cx_store *store, const cx_gloo_params *p,
                                                cx_transport **out)
 {
     *out = nullptr;
+    ignore_sigpipe();
     Root *root = new (std::nothrow) Root();
     if (!root) {
         cx_store_destroy(store);
@@ -670,7 +934,6 @@ extern "C" cfx_status cx_transport_gloo_create(cx_store *store, const cx_gloo_pa
     root->world_size = p->size;
     root->timeout_s = p->timeout_s;
     root->rendezvous_s = p->rendezvous_s;
-    root->store_outlives = p->store_outlives != 0;
     root->test_local_size = p->test_local_size;
     try {
         /* Gloo listens on the address this process reached the store from (the interface its
@@ -685,10 +948,19 @@ extern "C" cfx_status cx_transport_gloo_create(cx_store *store, const cx_gloo_pa
         delete root;
         return cx_fail(CFX_ERR_TRANSPORT, "gloo: cannot open a TCP device: %s", e.what());
     }
+    root->store_on_rank0 = p->store_on_rank0;
     cfx_status st = build(root, "world", p->rank, p->size, out);
     if (st) {
         cx_store_destroy(store);
         delete root;
+        return st;
     }
-    return st;
+    try {
+        start_heartbeat(root);
+    } catch (const std::exception &e) {
+        gloo_destroy(*out);
+        *out = nullptr;
+        return cx_fail(CFX_ERR_INTERNAL, "gloo: cannot start the heartbeat thread: %s", e.what());
+    }
+    return CFX_OK;
 }

@@ -24,9 +24,7 @@ typedef struct cx_gloo_params {
     double timeout_s;    /* bounds every transport wait (CFX_TRANSPORT_TIMEOUT_S) */
     double rendezvous_s; /* bounds the meeting and the mesh's connection (CFX_RENDEZVOUS_TIMEOUT_S) */
     int test_local_size; /* > 0: pretend hosts of that many consecutive ranks (tests) */
-    /* 1: the store outlives every rank (an elastic job's): rank 0 does not wait at the end for
-     * the others to be done with it, which a lost peer never would be. */
-    int store_outlives;
+    int store_on_rank0;  /* rank 0 serves the TCP store (its silence silences the store) */
 } cx_gloo_params;
 
 /* Joins the world through `store` (taken over, also on failure: the transport frees it after every
