@@ -421,7 +421,7 @@ static cfx_status build_transport(cx_membership *m, cx_transport **out)
         return st;
     int rank = index_of(m->ids, m->n, m->id);
     return cx_transport_gloo_create(view, &(cx_gloo_params){rank, (int)m->n, m->transport_s,
-                                                            m->rendezvous_s, m->test_local_size, 1},
+                                                            m->rendezvous_s, m->test_local_size, 0},
                                     out);
 #else
     (void)m;
