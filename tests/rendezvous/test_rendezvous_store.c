@@ -269,7 +269,8 @@ static int table_set(void *user, const char *key, const void *data, size_t len)
     if (i < 0)
         i = t->n++;
     snprintf(t->keys[i], sizeof t->keys[i], "%s", key);
-    memcpy(t->values[i], data, len);
+    if (len)
+        memcpy(t->values[i], data, len);
     t->lens[i] = len;
     pthread_mutex_unlock(&t->mu);
     return 0;

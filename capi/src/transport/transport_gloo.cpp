@@ -65,7 +65,8 @@ class StoreAdapter : public gloo::rendezvous::Store {
 
     void set(const std::string &key, const std::vector<char> &data) override
     {
-        if (cx_store_set(s_, key.c_str(), data.data(), data.size()))
+        /* An empty value still passes a valid pointer (stores may memcpy it). */
+        if (cx_store_set(s_, key.c_str(), data.empty() ? "" : data.data(), data.size()))
             throw gloo::IoException(cx_error_message());
     }
 
