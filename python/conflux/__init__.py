@@ -23,6 +23,7 @@ from ._core import (  # noqa: F401  (re-exported API)
     Adasum, Average, Compression, Handle, Max, Min, Product, Sum,
     cross_rank, cross_size, features, init, is_initialized, local_rank, local_size, poll, rank,
     shutdown, size, synchronize, version, start_timeline, stop_timeline, timeline,
+    reform, membership_round, member_id, membership_pending,
 )
 # The error classes: one per status of the C library (conflux._core.ERROR_NAMES).
 globals().update((name, getattr(_core, name)) for name in _core.ERROR_NAMES)

@@ -8,6 +8,7 @@ completes, and a function that turns the completed handle into the result. Share
 (cfx_alloc) is handed out here too, as numpy arrays that keep the block alive.
 """
 import atexit
+import os
 import contextlib
 import enum
 import operator
@@ -42,6 +43,7 @@ BASE_NAMES = (
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
     "cross_size", "version", "features", "start_timeline", "stop_timeline", "timeline",
     "Sum", "Average", "Min", "Max", "Product", "Adasum",
+    "reform", "membership_round", "member_id", "membership_pending",
 )
 
 ERROR_NAMES = ("DtypeError", "ConfluxError") + tuple(cls.__name__ for cls in STATUS_ERRORS)
@@ -176,7 +178,52 @@ def init(**options):
             _capi.cfx_init_options_init(opts, _capi.CFX_INIT_OPTIONS_VERSION)
             for key, value in options.items():  # by name, as every binding sets them
                 _capi.cfx_py_init_option(opts, key, check_scale(value, key))
-        _ctx = _Context(_capi.cfx_init(opts))
+        if os.environ.get("CFX_ELASTIC") == "1":  # started by cfxrun --elastic (docs/elastic.md)
+            _ctx = _Context(_capi.cfx_elastic_init(opts, reform_options()))
+        else:
+            _ctx = _Context(_capi.cfx_init(opts))
+
+
+# ---- elastic worlds (docs/elastic.md) ----
+def reform_options(min_size=None, max_size=None, timeout_s=None, settle_s=None):
+    """cfx_reform_options: given values, else CFX_ELASTIC_MIN_SIZE / CFX_ELASTIC_MAX_SIZE (set by
+    cfxrun --elastic from --min-np / --max-np), else the library's defaults."""
+    o = _capi.cfx_reform_options()
+    _capi.cfx_reform_options_init(o, _capi.CFX_REFORM_OPTIONS_VERSION)
+    env_min, env_max = os.environ.get("CFX_ELASTIC_MIN_SIZE"), os.environ.get("CFX_ELASTIC_MAX_SIZE")
+    o.min_size = int(min_size if min_size is not None else env_min or o.min_size)
+    o.max_size = int(max_size if max_size is not None else env_max or o.max_size)
+    if timeout_s is not None:
+        o.timeout_s = float(timeout_s)
+    if settle_s is not None:
+        o.settle_s = float(settle_s)
+    return o
+
+
+def reform(**options):
+    """Forms the elastic world again (cfx_context_reform): pending collectives fail with
+    MembershipChangedError (or the PeerLostError that ended the old world); rank() and size() may
+    change. Call it on every surviving rank."""
+    with _lock:
+        ctx = current()
+        del _orphans[:]  # every pending handle has completed with an error by now
+        _capi.cfx_context_reform(ctx.ptr, reform_options(**options))
+
+
+def membership_round():
+    """The membership round of the current world (1 for the first)."""
+    return _capi.cfx_membership_round(current().ptr)
+
+
+def member_id():
+    """This process's member id in the elastic job."""
+    return _capi.cfx_member_id(current().ptr)
+
+
+def membership_pending():
+    """How many newcomers wait for the next round, as this rank sees the store (agree with a
+    collective before acting on it)."""
+    return _capi.cfx_membership_pending(current().ptr)
 
 
 def _free_context():

@@ -29,6 +29,7 @@ from ._core import (  # noqa: F401  (re-exported API)
     Adasum, Average, Handle, Max, Min, Product, Sum,
     cross_rank, cross_size, features, init, is_initialized, local_rank, local_size, rank,
     shutdown, size, version, start_timeline, stop_timeline, timeline,
+    reform, membership_round, member_id, membership_pending,
 )
 # The error classes: one per status of the C library (conflux._core.ERROR_NAMES).
 globals().update((name, getattr(_core, name)) for name in _core.ERROR_NAMES)
@@ -276,3 +277,6 @@ from .torch_optimizer import DistributedOptimizer  # noqa: E402
 # torch.distributed's backend "conflux" (conflux/torch_backend.py), registered once.
 from .torch_backend import ddp_hooks, register as _register_backend  # noqa: E402
 _register_backend(sys.modules[__name__])
+
+# Elastic training (docs/elastic.md): conflux.torch.elastic.run, TorchState, ObjectState.
+from . import torch_elastic as elastic  # noqa: E402,F401

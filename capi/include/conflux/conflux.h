@@ -106,14 +106,16 @@ CFX_API uint32_t cfx_features(void);
     X(CFX_ERR_JOINED, JOINED, 16, "not supported while ranks have joined")                        \
     X(CFX_ERR_INTERNAL, INTERNAL, 17, "internal error")                                           \
     X(CFX_ERR_CUDA, CUDA, 18, "CUDA error")                                                       \
-    X(CFX_ERR_NCCL, NCCL, 19, "NCCL error")
+    X(CFX_ERR_NCCL, NCCL, 19, "NCCL error")                                                       \
+    /* an elastic world was formed again (or could not be): see cfx_context_reform (since 1.2) */ \
+    X(CFX_ERR_MEMBERSHIP_CHANGED, MEMBERSHIP_CHANGED, 20, "the elastic world's membership changed")
 
 #define CFX_STATUS_ENUMERATOR_(symbol, name, value, description) symbol = value,
 typedef enum cfx_status { CFX_STATUS_LIST(CFX_STATUS_ENUMERATOR_) } cfx_status;
 #undef CFX_STATUS_ENUMERATOR_
 
 /* The number of statuses: every value in [0, CFX_STATUS_COUNT) is one of the list. */
-#define CFX_STATUS_COUNT 20
+#define CFX_STATUS_COUNT 21
 
 /* A short static description of a status ("mismatch across ranks"); never NULL. */
 CFX_API const char *cfx_status_string(cfx_status status);
@@ -533,6 +535,57 @@ CFX_API cfx_status cfx_context_create_subset(cfx_context *ctx, const int *ranks,
 /* Frees the set and its owned storage; NULL is a no-op. Call it on every rank; a step must not be
  * pending. The set's slot in the protocol ends once every rank freed it. */
 CFX_API void cfx_gradset_free(cfx_gradset *set);
+
+/* ---- Elastic worlds (since 1.2) ---------------------------------------------------------------
+ * A world formed again without restarting the processes still in it: survivors plus newcomers,
+ * between a minimum and a maximum size, within a deadline (docs/elastic.md). Gloo transport only
+ * (an MPI world cannot shrink). The ranks meet in rounds through a store that outlives every
+ * worker: the one cfxrun --elastic serves (CFX_RENDEZVOUS_ADDR with CFX_RENDEZVOUS_EXTERNAL=1) or
+ * a file store (CFX_RENDEZVOUS_DIR). Each process has a member id (CFX_ELASTIC_ID, default its
+ * launcher rank; the first world's processes have 0..size-1, newcomers larger ones). */
+
+#define CFX_REFORM_OPTIONS_VERSION 1
+
+typedef struct cfx_reform_options {
+    uint32_t version;  /* CFX_REFORM_OPTIONS_VERSION */
+    int32_t min_size;  /* fewest ranks the world may have (default 1) */
+    int32_t max_size;  /* most ranks; newcomers past it wait for a later round (0: no limit) */
+    /* The deadline of a round, seconds (default CFX_ELASTIC_TIMEOUT_S, else 60): fewer than
+     * min_size by then fails with CFX_ERR_MEMBERSHIP_CHANGED naming who is missing. */
+    double timeout_s;
+    /* How long a round waits for a member of the previous world that has neither come nor been
+     * reported gone by the launcher (default CFX_ELASTIC_SETTLE_S, else 10). */
+    double settle_s;
+} cfx_reform_options;
+
+/* Fills `opts` with the defaults (CFX_ERR_VERSION for an unknown version). */
+CFX_API cfx_status cfx_reform_options_init(cfx_reform_options *opts, uint32_t version);
+
+/* cfx_init for an elastic job: this process joins the first membership round that has not been
+ * decided (the first world, or the running job as a newcomer at its next round). `ropts` may be
+ * NULL (defaults). */
+CFX_API cfx_status cfx_elastic_init(const cfx_init_options *opts, const cfx_reform_options *ropts,
+                                    cfx_context **out);
+
+/* Forms ctx's world again, in place (ctx stays valid; its rank and size may change). Every
+ * operation still pending fails first with CFX_ERR_MEMBERSHIP_CHANGED (or the CFX_ERR_PEER_LOST
+ * that ended the old world), naming what happened; the old world's transport, shared memory,
+ * caches and thread are released. Gradient sets of the old world are left detached: their calls
+ * fail with CFX_ERR_MEMBERSHIP_CHANGED; free them and create them again. Call it on every
+ * surviving rank (after a failure, or all together to let newcomers in); newcomers call
+ * cfx_elastic_init. CFX_ERR_UNSUPPORTED for a context not made by cfx_elastic_init. */
+CFX_API cfx_status cfx_context_reform(cfx_context *ctx, const cfx_reform_options *opts);
+
+/* The membership round ctx's world was formed in (>= 1), or -1 (and cfx_last_error) when ctx is
+ * NULL or not elastic. */
+CFX_API int cfx_membership_round(const cfx_context *ctx);
+
+/* This process's member id (-1 as above). */
+CFX_API int cfx_member_id(const cfx_context *ctx);
+
+/* How many newcomers are waiting to join the next round (a local look at the store: ranks may see
+ * different counts; agree with a collective before reforming). */
+CFX_API cfx_status cfx_membership_pending(cfx_context *ctx, int *out);
 
 #ifdef __cplusplus
 }

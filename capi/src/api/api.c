@@ -110,6 +110,82 @@ cfx_status cfx_init_with_store(const cfx_init_options *opts, const cfx_store_cal
     return init_over(opts, store, out);
 }
 
+/* ---- elastic worlds (engine/membership.h) ------------------------------------------------- */
+
+static cfx_status reform_options(const char *fn, const cfx_reform_options *given,
+                                 cfx_reform_options *out)
+{
+    if (!given)
+        return cfx_reform_options_init(out, CFX_REFORM_OPTIONS_VERSION);
+    if (given->version != CFX_REFORM_OPTIONS_VERSION)
+        return cx_fail(CFX_ERR_VERSION, "%s: reform options version %u is unknown to this library "
+                       "(it knows %d)", fn, given->version, CFX_REFORM_OPTIONS_VERSION);
+    *out = *given;
+    return CFX_OK;
+}
+
+cfx_status cfx_elastic_init(const cfx_init_options *opts, const cfx_reform_options *ropts,
+                            cfx_context **out)
+{
+    if (!out)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_elastic_init: out is NULL");
+    *out = NULL;
+    cfx_reform_options o;
+    cx_config cfg;
+    cfx_status st = reform_options("cfx_elastic_init", ropts, &o);
+    if (!st)
+        st = cx_config_load(&cfg, opts);
+    if (!st && cfg.transport != CFX_TRANSPORT_AUTO && cfg.transport != CFX_TRANSPORT_GLOO)
+        st = cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_elastic_init: an elastic world runs over the "
+                     "Gloo transport, but transport %d was asked for (an MPI world cannot shrink)",
+                     cfg.transport);
+    cx_membership *m = NULL;
+    if (!st)
+        st = cx_membership_open(&m);
+    if (!st)
+        st = cx_context_create_elastic(m, &cfg, &o, out);
+    return st;
+}
+
+cfx_status cfx_context_reform(cfx_context *ctx, const cfx_reform_options *opts)
+{
+    if (!ctx)
+        return cx_fail(CFX_ERR_NOT_INITIALIZED, "cfx_context_reform: context is NULL");
+    cfx_reform_options o;
+    cfx_status st = reform_options("cfx_context_reform", opts, &o);
+    return st ? st : cx_context_reform(ctx, &o);
+}
+
+static const cx_membership *membership_of(const char *fn, const cfx_context *ctx)
+{
+    if (!ctx || !ctx->membership)
+        cx_fail(ctx ? CFX_ERR_UNSUPPORTED : CFX_ERR_NOT_INITIALIZED, "%s: %s", fn,
+                ctx ? "the context is not elastic (made by cfx_elastic_init)" : "context is NULL");
+    return ctx ? ctx->membership : NULL;
+}
+
+int cfx_membership_round(const cfx_context *ctx)
+{
+    const cx_membership *m = membership_of("cfx_membership_round", ctx);
+    return m ? cx_membership_round(m) : -1;
+}
+
+int cfx_member_id(const cfx_context *ctx)
+{
+    const cx_membership *m = membership_of("cfx_member_id", ctx);
+    return m ? cx_membership_id(m) : -1;
+}
+
+cfx_status cfx_membership_pending(cfx_context *ctx, int *out)
+{
+    if (!out)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_membership_pending: out is NULL");
+    *out = 0;
+    if (!membership_of("cfx_membership_pending", ctx))
+        return ctx ? CFX_ERR_UNSUPPORTED : CFX_ERR_NOT_INITIALIZED;
+    return cx_membership_pending(ctx->membership, out);
+}
+
 cfx_status cfx_shutdown(cfx_context *ctx)
 {
     if (!ctx)

@@ -202,14 +202,12 @@ static cfx_status open_log(cfx_context *ctx)
     return CFX_OK;
 }
 
-cfx_status cx_context_create(cx_transport *transport, const cx_config *cfg, cfx_context **out)
+/* Forms the context's world over `transport` (ownership moves to the context): topology,
+ * handshake, agreed settings, data path, loop and background thread. With `timeline`, CFX_TIMELINE
+ * starts with the thread. On failure everything made here is released again (the transport too)
+ * and the queue, handles and gradient sets are left as they were. */
+static cfx_status start_world(cfx_context *ctx, cx_transport *transport, bool timeline)
 {
-    cfx_context *ctx = calloc(1, sizeof *ctx);
-    if (!ctx) {
-        transport->ops->destroy(transport);
-        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for a context");
-    }
-    ctx->cfg = *cfg;
     ctx->transport = transport;
     ctx->rank = transport->rank;
     ctx->size = transport->size;
@@ -217,20 +215,8 @@ cfx_status cx_context_create(cx_transport *transport, const cx_config *cfg, cfx_
     ctx->local_size = transport->local_size;
     ctx->cross_rank = transport->cross_rank;
     ctx->cross_size = transport->cross_size;
+    ctx->log.rank = ctx->rank;
     cfx_status st = cx_transport_check(transport);
-    if (!st)
-        st = open_log(ctx);
-    pthread_mutex_init(&ctx->tl_mu, NULL);
-    pthread_cond_init(&ctx->tl_cv, NULL);
-    bool queue_ok = false, handles_ok = false, gradsets_ok = false;
-    if (!st && !(st = cx_queue_init(&ctx->queue))) {
-        queue_ok = true;
-        ctx->queue.lazy_wake = ctx->cfg.wait_runs_cycles; /* waiters run their own work (loop.h) */
-    }
-    if (!st && !(st = cx_handles_init(&ctx->handles)))
-        handles_ok = true;
-    if (!st && !(st = cx_gradsets_init(&ctx->gradsets, &ctx->queue, &ctx->log, ctx->size)))
-        gradsets_ok = true;
     if (!st) /* first: ranks that cannot talk stop here, before any other exchange */
         st = cx_handshake(ctx->transport, &ctx->cfg, &ctx->log);
     if (!st)
@@ -249,7 +235,7 @@ cfx_status cx_context_create(cx_transport *transport, const cx_config *cfg, cfx_
                                             .timeline_change = &ctx->tl_change,
                                             .take_timeline = take_timeline, .owner = ctx},
                             &ctx->loop);
-    if (!st && ctx->cfg.timeline[0] && /* CFX_TIMELINE: adopted by the thread's first cycle */
+    if (!st && timeline && ctx->cfg.timeline[0] && /* CFX_TIMELINE: adopted by the first cycle */
         !(st = open_timeline(ctx, ctx->cfg.timeline, ctx->cfg.timeline_cycles, &ctx->tl_next)))
         atomic_store(&ctx->tl_change, 1);
     cx_host_path path = cx_shm_layer_path(ctx->transport);
@@ -282,6 +268,43 @@ cfx_status cx_context_create(cx_transport *transport, const cx_config *cfg, cfx_
         snprintf(msg, sizeof msg, "%s", cx_error_message());
         cx_loop_destroy(ctx->loop);
         cx_timeline_destroy(ctx->tl_next);
+        ctx->loop = NULL;
+        ctx->tl_next = NULL;
+        ctx->transport->ops->destroy(ctx->transport); /* the layer, if made, frees the segment */
+        ctx->transport = NULL;
+        return cx_fail(st, "%s", msg);
+    }
+    return CFX_OK;
+}
+
+cfx_status cx_context_create(cx_transport *transport, const cx_config *cfg, cfx_context **out)
+{
+    cfx_context *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) {
+        transport->ops->destroy(transport);
+        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for a context");
+    }
+    ctx->cfg = *cfg;
+    ctx->rank = transport->rank;
+    cfx_status st = open_log(ctx);
+    pthread_mutex_init(&ctx->tl_mu, NULL);
+    pthread_cond_init(&ctx->tl_cv, NULL);
+    bool queue_ok = false, handles_ok = false, gradsets_ok = false;
+    if (!st && !(st = cx_queue_init(&ctx->queue))) {
+        queue_ok = true;
+        ctx->queue.lazy_wake = ctx->cfg.wait_runs_cycles; /* waiters run their own work (loop.h) */
+    }
+    if (!st && !(st = cx_handles_init(&ctx->handles)))
+        handles_ok = true;
+    if (!st && !(st = cx_gradsets_init(&ctx->gradsets, &ctx->queue, &ctx->log, transport->size)))
+        gradsets_ok = true;
+    if (st)
+        transport->ops->destroy(transport);
+    else
+        st = start_world(ctx, transport, true); /* releases the transport when it fails */
+    if (st) {
+        char msg[CX_ERROR_MAX];
+        snprintf(msg, sizeof msg, "%s", cx_error_message());
         if (queue_ok)
             cx_queue_destroy(&ctx->queue);
         if (handles_ok)
@@ -290,13 +313,73 @@ cfx_status cx_context_create(cx_transport *transport, const cx_config *cfg, cfx_
             cx_gradsets_destroy(&ctx->gradsets);
         if (ctx->log.owns_fd)
             close(ctx->log.fd);
-        ctx->transport->ops->destroy(ctx->transport); /* the layer, if made, frees the segment */
+        pthread_mutex_destroy(&ctx->tl_mu);
+        pthread_cond_destroy(&ctx->tl_cv);
         free(ctx);
         return cx_fail(st, "%s", msg);
     }
     live_add(ctx);
     *out = ctx;
     return CFX_OK;
+}
+
+/* ---- elastic worlds (membership.h) --------------------------------------------------------- */
+
+cfx_status cx_context_create_elastic(cx_membership *m, const cx_config *cfg,
+                                     const cfx_reform_options *o, cfx_context **out)
+{
+    cx_logger lg = {.level = cfg->log_level, .rank = cx_membership_id(m), .fd = 2, .owns_fd = 0};
+    /* The one-host shared-memory path waits for its peers in a futex barrier without a deadline:
+     * a peer killed on the same host would hang the survivors there, so an elastic world carries
+     * every collective over Gloo, whose waits end with CFX_ERR_PEER_LOST. */
+    cx_config elastic_cfg = *cfg;
+    elastic_cfg.shm = 0;
+    cx_transport *t;
+    cfx_status st = cx_membership_form(m, o, &lg, &t);
+    if (!st)
+        st = cx_context_create(t, &elastic_cfg, out);
+    if (st) {
+        cx_membership_close(m);
+        return st;
+    }
+    (*out)->membership = m;
+    return CFX_OK;
+}
+
+cfx_status cx_context_reform(cfx_context *ctx, const cfx_reform_options *o)
+{
+    if (!ctx->membership)
+        return cx_fail(CFX_ERR_UNSUPPORTED, "cfx_context_reform: this context was not made by "
+                       "cfx_elastic_init (only elastic worlds can be formed again)");
+    if (!ctx->transport) /* an earlier reform failed half-way: the queue is open, no world yet */
+        goto form;
+    /* Pending work fails with CFX_ERR_MEMBERSHIP_CHANGED (loop.c reads the 3), unless a lost peer
+     * already failed it with CFX_ERR_PEER_LOST. */
+    int expected = 0;
+    atomic_compare_exchange_strong(&ctx->shutdown_requested, &expected, 3);
+    cx_context_shutdown(ctx);
+    cx_loop_destroy(ctx->loop);
+    ctx->loop = NULL;
+    /* Sets of the old world are orphaned (their calls fail; cfx_gradset_free frees them). */
+    cx_gradsets_destroy(&ctx->gradsets);
+    cx_queue_destroy(&ctx->queue); /* closed by the loop's end; every entry completed */
+    ctx->transport->ops->destroy(ctx->transport); /* the layer, if made, frees the segment */
+    ctx->transport = NULL;
+    cfx_status st = cx_queue_init(&ctx->queue);
+    if (st)
+        return st;
+    ctx->queue.lazy_wake = ctx->cfg.wait_runs_cycles;
+    if ((st = cx_gradsets_init(&ctx->gradsets, &ctx->queue, &ctx->log, 1)))
+        return st;
+form:;
+    cx_transport *t;
+    if ((st = cx_membership_form(ctx->membership, o, &ctx->log, &t)))
+        return st;
+    ctx->gradsets.size = t->size;
+    atomic_store(&ctx->shutdown_requested, 0);
+    for (size_t i = 0; i < sizeof ctx->noname_counter / sizeof ctx->noname_counter[0]; i++)
+        atomic_store(&ctx->noname_counter[i], 0); /* newcomers count generated names from 0 */
+    return start_world(ctx, t, false);
 }
 
 /* ---- subset contexts --------------------------------------------------------------------- */
@@ -430,7 +513,9 @@ void cx_context_free(cfx_context *ctx)
     cx_gradsets_destroy(&ctx->gradsets);
     cx_queue_destroy(&ctx->queue);
     cx_handles_destroy(&ctx->handles);
-    ctx->transport->ops->destroy(ctx->transport);
+    if (ctx->transport)
+        ctx->transport->ops->destroy(ctx->transport);
+    cx_membership_close(ctx->membership);
     if (ctx->log.owns_fd)
         close(ctx->log.fd);
     pthread_mutex_destroy(&ctx->tl_mu);

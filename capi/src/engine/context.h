@@ -16,6 +16,7 @@
 #include "base/config.h"
 #include "engine/loop.h"
 #include "engine/gradset.h"
+#include "engine/membership.h"
 #include "protocol/handles.h"
 #include "base/log.h"
 #include "protocol/queue.h"
@@ -52,6 +53,9 @@ struct cfx_context {
      * ones split from it, guarded by one process-wide lock (context.c). A parent's shutdown
      * shuts its subsets down; freeing either side unlinks it. */
     struct cfx_context *parent, *children, *next_sibling;
+    /* Elastic worlds (cfx_elastic_init): the membership rounds this context's world comes from;
+     * NULL for a fixed world. transport is NULL between a failed reform and the next. */
+    cx_membership *membership;
 };
 
 /* Creates a context over `transport` (ownership moves to the context, also on failure) and starts
@@ -86,5 +90,15 @@ void cx_context_free(cfx_context *ctx);
  * negotiation, cache, background thread and data path among its ranks. */
 cfx_status cx_context_create_subset(cfx_context *parent, const int *ranks, size_t n,
                                     cfx_context **out);
+
+/* An elastic context: its first world from membership round(s) (m is taken over, also on
+ * failure). */
+cfx_status cx_context_create_elastic(cx_membership *m, const cx_config *cfg,
+                                     const cfx_reform_options *o, cfx_context **out);
+
+/* Forms ctx's world again in place (cfx_context_reform): pending work fails, the old world's
+ * thread, loop, data path, gradient sets and transport are released, a membership round gives
+ * the new transport, and the world starts over it. */
+cfx_status cx_context_reform(cfx_context *ctx, const cfx_reform_options *o);
 
 #endif /* CFX_CONTEXT_H */

@@ -551,7 +551,12 @@ static cfx_status cycle(cx_loop *L, bool *progress, bool *stop)
     if (!st && shutdown_any) {
         char reason[512];
         shutdown_reason(L, reason, sizeof reason);
-        fail_all(L, CFX_ERR_SHUT_DOWN, reason);
+        /* 3: this rank stops to form its elastic world again (cfx_context_reform). */
+        bool reform = atomic_load(env->shutdown_requested) == 3;
+        if (reform)
+            snprintf(reason + strlen(reason), sizeof reason - strlen(reason),
+                     " (the elastic world is being formed again)");
+        fail_all(L, reform ? CFX_ERR_MEMBERSHIP_CHANGED : CFX_ERR_SHUT_DOWN, reason);
         *stop = true;
     }
     if (L->nunsent)

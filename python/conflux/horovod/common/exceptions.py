@@ -7,7 +7,8 @@ class HorovodInternalError(RuntimeError):
 
 
 class HostsUpdatedInterrupt(RuntimeError):
-    """Raised by elastic Horovod when hosts change; never raised by Conflux (no elastic mode)."""
+    """Raised at a commit of elastic training when newcomers wait to join (conflux.elastic);
+    skip_sync says whether the state sync after the new world may be skipped (agreed by all)."""
 
     def __init__(self, skip_sync=False):
         super().__init__("hosts updated")

@@ -2,7 +2,8 @@
 change a Horovod training script needs. Names, arguments, defaults, return values and exception
 types follow Horovod, and so do the submodules scripts import from (mpi_ops, compression,
 functions, optimizer, sync_batch_norm, elastic; conflux.horovod.common.util and .exceptions).
-What Conflux does not have (elastic training) raises NotImplementedError naming the feature. docs/migrating-from-horovod.md lists every difference.
+What Conflux does not have raises NotImplementedError naming the feature; elastic training is in
+docs/elastic.md. docs/migrating-from-horovod.md lists every difference.
 """
 from ..common.exceptions import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 from . import elastic  # noqa: F401
