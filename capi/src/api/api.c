@@ -141,7 +141,7 @@ cfx_status cfx_elastic_init(const cfx_init_options *opts, const cfx_reform_optio
                      cfg.transport);
     cx_membership *m = NULL;
     if (!st)
-        st = cx_membership_open(&m);
+        st = cx_membership_open(&cfg, &m);
     if (!st)
         st = cx_context_create_elastic(m, &cfg, &o, out);
     return st;

@@ -232,7 +232,10 @@ cfx_status cx_launch_detect(cx_launch *l, cx_launch_lookup lookup, void *user)
     memset(l, 0, sizeof *l);
     l->rank = l->size = l->local_rank = l->local_size = -1;
     l->mpi_launch = env_var(&r, "OMPI_COMM_WORLD_SIZE") != NULL;
-    cfx_status st = find_launcher(&r, l);
+    l->elastic_id = -1;
+    cfx_status st = read_int(&r, "CFX_ELASTIC_ID", 0, 1000000, &l->elastic_id);
+    if (!st)
+        st = find_launcher(&r, l);
     if (st || l->launcher == CX_LAUNCHER_NONE || l->missing[0])
         return st;
     const char *addr = env_var(&r, "CFX_RENDEZVOUS_ADDR");
@@ -281,4 +284,11 @@ cfx_status cx_launch_timeouts(cx_launch_lookup lookup, void *user, double *rende
                                  rendezvous_s);
     return st ? st : read_seconds(&r, "CFX_TRANSPORT_TIMEOUT_S", DEFAULT_TRANSPORT_TIMEOUT_S,
                                   transport_s);
+}
+
+cfx_status cx_launch_elastic_seconds(double *timeout_s, double *settle_s)
+{
+    reader r = {NULL, NULL};
+    cfx_status st = read_seconds(&r, "CFX_ELASTIC_TIMEOUT_S", 60, timeout_s);
+    return st ? st : read_seconds(&r, "CFX_ELASTIC_SETTLE_S", 10, settle_s);
 }

@@ -28,10 +28,9 @@ typedef enum cx_launcher {
 typedef struct cx_launch {
     cx_launcher launcher;
     int mpi_launch;             /* OMPI_COMM_WORLD_SIZE is set: mpirun started this process */
-    /* CFX_TEST_LOCAL_SIZE: tests split one machine into pretend hosts of this many consecutive
-     * ranks (0 = the real hosts). */
     int rank, size;             /* -1 when the launcher does not say */
     int local_rank, local_size; /* -1 when the launcher does not say */
+    int elastic_id;             /* CFX_ELASTIC_ID (cfxrun --elastic): the member id; -1 unset */
     /* Where the ranks meet: a TCP store at store_host:store_port, or a file store in store_dir, or
      * neither (store_port 0 and store_dir ""; then `missing` says what is lacking). */
     char store_host[CX_LAUNCH_HOST_MAX];
@@ -58,5 +57,9 @@ cfx_status cx_launch_detect(cx_launch *out, cx_launch_lookup lookup, void *user)
  * (CFX_TRANSPORT_TIMEOUT_S, default 30 s), in seconds; CFX_ERR_CONFIG when malformed. */
 cfx_status cx_launch_timeouts(cx_launch_lookup lookup, void *user, double *rendezvous_s,
                               double *transport_s);
+
+/* The defaults of a membership round (cfx_reform_options_init): CFX_ELASTIC_TIMEOUT_S (60) and
+ * CFX_ELASTIC_SETTLE_S (10); a malformed value is CFX_ERR_CONFIG naming it. */
+cfx_status cx_launch_elastic_seconds(double *timeout_s, double *settle_s);
 
 #endif /* CFX_LAUNCH_ENV_H */

@@ -39,17 +39,6 @@ struct cx_membership {
 
 /* ---- opening ------------------------------------------------------------------------------ */
 
-static double env_seconds(const char *name, double fallback)
-{
-    const char *v = getenv(name);
-    if (!v || !*v)
-        return fallback;
-    char *end;
-    errno = 0;
-    double s = strtod(v, &end);
-    return (errno || *end || !(s > 0)) ? -1 : s;
-}
-
 cfx_status cfx_reform_options_init(cfx_reform_options *opts, uint32_t version)
 {
     if (!opts)
@@ -57,12 +46,10 @@ cfx_status cfx_reform_options_init(cfx_reform_options *opts, uint32_t version)
     if (version != CFX_REFORM_OPTIONS_VERSION)
         return cx_fail(CFX_ERR_VERSION, "cfx_reform_options_init: version %u is unknown to this "
                        "library (it knows %d)", version, CFX_REFORM_OPTIONS_VERSION);
-    double timeout_s = env_seconds("CFX_ELASTIC_TIMEOUT_S", 60), settle_s =
-        env_seconds("CFX_ELASTIC_SETTLE_S", 10);
-    if (timeout_s < 0 || settle_s < 0)
-        return cx_fail(CFX_ERR_CONFIG, "%s=\"%s\": not a positive number of seconds",
-                       timeout_s < 0 ? "CFX_ELASTIC_TIMEOUT_S" : "CFX_ELASTIC_SETTLE_S",
-                       getenv(timeout_s < 0 ? "CFX_ELASTIC_TIMEOUT_S" : "CFX_ELASTIC_SETTLE_S"));
+    double timeout_s, settle_s;
+    cfx_status st = cx_launch_elastic_seconds(&timeout_s, &settle_s);
+    if (st)
+        return st;
     *opts = (cfx_reform_options){.version = version, .min_size = 1, .max_size = 0,
                                  .timeout_s = timeout_s, .settle_s = settle_s};
     return CFX_OK;
@@ -81,7 +68,7 @@ static cfx_status open_store(const cx_launch *l, cx_store **out)
                                    "that leaves" : "none is set");
 }
 
-cfx_status cx_membership_open(cx_membership **out)
+cfx_status cx_membership_open(const cx_config *cfg, cx_membership **out)
 {
     *out = NULL;
     cx_launch l;
@@ -98,19 +85,10 @@ cfx_status cx_membership_open(cx_membership **out)
     m->id = l.rank;
     m->first_size = l.size;
     m->max_id = l.size - 1;
-    m->test_local_size = l.test_local_size;
+    m->test_local_size = cfg->test.local_size;
     snprintf(m->left, sizeof m->left, "none");
-    const char *id = getenv("CFX_ELASTIC_ID");
-    if (id && *id) {
-        char *end;
-        errno = 0;
-        long v = strtol(id, &end, 10);
-        if (errno || *end || v < 0 || v > 1000000) {
-            free(m);
-            return cx_fail(CFX_ERR_CONFIG, "CFX_ELASTIC_ID=\"%s\": not a member id (0..1000000)", id);
-        }
-        m->id = (int)v;
-    }
+    if (l.elastic_id >= 0)
+        m->id = l.elastic_id;
     cx_store *base = NULL;
     if (!(st = cx_launch_timeouts(NULL, NULL, &m->rendezvous_s, &m->transport_s)) &&
         !(st = open_store(&l, &base)))

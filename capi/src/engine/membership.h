@@ -24,6 +24,7 @@
 #ifndef CFX_MEMBERSHIP_H
 #define CFX_MEMBERSHIP_H
 
+#include "base/config.h"
 #include "base/log.h"
 #include "conflux/conflux.h"
 #include "rendezvous/store.h"
@@ -34,7 +35,7 @@ typedef struct cx_membership cx_membership;
 /* Opens the membership of this process from the launcher's variables: the store (CFX_RENDEZVOUS_DIR,
  * or CFX_RENDEZVOUS_ADDR served by the launcher: CFX_RENDEZVOUS_EXTERNAL=1) and the member id.
  * CFX_ERR_CONFIG naming what is missing. */
-cfx_status cx_membership_open(cx_membership **out);
+cfx_status cx_membership_open(const cx_config *cfg, cx_membership **out);
 
 /* Takes part in membership rounds from `first_round` on until one includes this process; builds
  * the new world's transport. `why` (may be NULL) is logged with who left. Collective over the
