@@ -13,8 +13,8 @@ Methods, each on its own copy of the model (same initial values), timed in the s
 rotating from round to round:
   local                    the step with the wrapped optimizer alone (no communication)
   ddp_<backend>            torch.nn.parallel.DistributedDataParallel at its defaults over a process
-                           group of that backend (DDP_BACKENDS: "gloo"; another registered backend is
-                           one more name there)
+                           group of that backend (DDP_BACKENDS: "gloo", and "conflux", the backend
+                           `import conflux.torch` registers; a row says why when it cannot run)
   torch_conflux_optimizer  conflux.torch.DistributedOptimizer at its defaults
   torch_hvd_optimizer      conflux.horovod.torch.DistributedOptimizer at its defaults
 Each step: zero_grad, forward, backward, step (SGD); timed from a barrier to the step's return on every
@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from torch_gloo import finish, init_gloo  # bench/ is the script's folder, first on sys.path
 
-DDP_BACKENDS = ["gloo"]  # DDP rows: one per torch.distributed backend named here
+DDP_BACKENDS = ["gloo", "conflux"]  # DDP rows: one per torch.distributed backend named here
 REPS = {  # model -> mode -> (warm-up steps, timed steps)
     "resnet50_shaped": {"full": (5, 40), "quick": (3, 15), "smoke": (0, 1)},  # smoke: after the checked step
     "resnet18": {"full": (3, 20), "quick": (2, 8), "smoke": (1, 1)},
@@ -160,7 +160,9 @@ def main():
             hvd, hvd_why = None, "n/a (conflux.horovod.torch not importable: %s)" % str(e).splitlines()[0][:100]
     else:
         cfx_why = hvd_why = "n/a (--conflux off)"
-    groups = {b: (None if b == "gloo" else dist.new_group(backend=b)) for b in DDP_BACKENDS}
+    # "conflux" is registered by `import conflux.torch` above; without it there is no such row.
+    backends = [b for b in DDP_BACKENDS if b != "conflux" or cfx is not None]
+    groups = {b: (None if b == "gloo" else dist.new_group(backend=b)) for b in backends}
 
     shapes = read_tsv(os.path.join(args.workloads, "resnet50.tsv"))
     for model_name in args.models.split(","):
@@ -196,7 +198,7 @@ def main():
 
         local = build()
         methods.append(("local", local, torch.optim.SGD(local.parameters(), lr=lr), dist.barrier))
-        for b in DDP_BACKENDS:
+        for b in backends:
             m = build()
             ddp = torch.nn.parallel.DistributedDataParallel(m, process_group=groups[b])
             methods.append(("ddp_" + b, ddp, torch.optim.SGD(ddp.parameters(), lr=lr), dist.barrier))
