@@ -279,4 +279,5 @@ from .torch_backend import ddp_hooks, register as _register_backend  # noqa: E40
 _register_backend(sys.modules[__name__])
 
 # Elastic training (docs/elastic.md): conflux.torch.elastic.run, TorchState, ObjectState.
-from . import torch_elastic as elastic  # noqa: E402,F401
+from . import torch_elastic as elastic  # noqa: E402
+elastic.attach(sys.modules[__name__])

@@ -5,6 +5,16 @@ import copy
 from .elastic import ObjectState, State, run, check_host_updates  # noqa: F401  (re-exported)
 from .elastic import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
 
+# conflux.torch (its broadcast_parameters and broadcast_optimizer_state), handed in by attach():
+# conflux.torch imports this module, so importing it back here would make a circle.
+_cfx_torch = None
+
+
+def attach(cfx_torch):
+    """Called by conflux.torch at its end with itself."""
+    global _cfx_torch
+    _cfx_torch = cfx_torch
+
 
 class TorchState(ObjectState):
     """A model and an optimizer (either may be None) plus plain attributes, as Horovod's
@@ -35,7 +45,9 @@ class TorchState(ObjectState):
         super().restore()
 
     def _sync_from(self, root):
-        from . import torch as cfx_torch
+        cfx_torch = _cfx_torch
+        if cfx_torch is None:
+            raise RuntimeError("TorchState needs conflux.torch: import conflux.torch first")
         if self.model is not None:
             cfx_torch.broadcast_parameters(self.model.state_dict(), root_rank=root)
         if self.optimizer is not None:
