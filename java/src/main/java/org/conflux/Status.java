@@ -28,6 +28,8 @@ public enum Status {
     INTERNAL,
     CUDA,
     NCCL,
+    /** An elastic world was formed again, or could not be (docs/elastic.md). */
+    MEMBERSHIP_CHANGED,
     /** A code this version of the binding does not know (a newer library). */
     UNKNOWN;
 
