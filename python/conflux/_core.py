@@ -186,13 +186,14 @@ def init(**options):
 
 # ---- elastic worlds (docs/elastic.md) ----
 def reform_options(min_size=None, max_size=None, timeout_s=None, settle_s=None):
-    """cfx_reform_options: given values, else CFX_ELASTIC_MIN_SIZE / CFX_ELASTIC_MAX_SIZE (set by
-    cfxrun --elastic from --min-np / --max-np), else the library's defaults."""
+    """cfx_reform_options: given values, else the library's (which reads CFX_ELASTIC_MIN_SIZE /
+    CFX_ELASTIC_MAX_SIZE, set by cfxrun --elastic from --min-np / --max-np)."""
     o = _capi.cfx_reform_options()
     _capi.cfx_reform_options_init(o, _capi.CFX_REFORM_OPTIONS_VERSION)
-    env_min, env_max = os.environ.get("CFX_ELASTIC_MIN_SIZE"), os.environ.get("CFX_ELASTIC_MAX_SIZE")
-    o.min_size = int(min_size if min_size is not None else env_min or o.min_size)
-    o.max_size = int(max_size if max_size is not None else env_max or o.max_size)
+    if min_size is not None:
+        o.min_size = int(min_size)
+    if max_size is not None:
+        o.max_size = int(max_size)
     if timeout_s is not None:
         o.timeout_s = float(timeout_s)
     if settle_s is not None:

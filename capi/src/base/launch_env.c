@@ -286,9 +286,16 @@ cfx_status cx_launch_timeouts(cx_launch_lookup lookup, void *user, double *rende
                                   transport_s);
 }
 
-cfx_status cx_launch_elastic_seconds(double *timeout_s, double *settle_s)
+cfx_status cx_launch_elastic_defaults(int *min_size, int *max_size, double *timeout_s,
+                                      double *settle_s)
 {
     reader r = {NULL, NULL};
-    cfx_status st = read_seconds(&r, "CFX_ELASTIC_TIMEOUT_S", 60, timeout_s);
+    *min_size = 1;
+    *max_size = 0;
+    cfx_status st = read_int(&r, "CFX_ELASTIC_MIN_SIZE", 1, 1 << 24, min_size);
+    if (!st)
+        st = read_int(&r, "CFX_ELASTIC_MAX_SIZE", 0, 1 << 24, max_size);
+    if (!st)
+        st = read_seconds(&r, "CFX_ELASTIC_TIMEOUT_S", 60, timeout_s);
     return st ? st : read_seconds(&r, "CFX_ELASTIC_SETTLE_S", 10, settle_s);
 }

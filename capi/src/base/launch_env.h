@@ -58,8 +58,10 @@ cfx_status cx_launch_detect(cx_launch *out, cx_launch_lookup lookup, void *user)
 cfx_status cx_launch_timeouts(cx_launch_lookup lookup, void *user, double *rendezvous_s,
                               double *transport_s);
 
-/* The defaults of a membership round (cfx_reform_options_init): CFX_ELASTIC_TIMEOUT_S (60) and
+/* The defaults of a membership round (cfx_reform_options_init), set by cfxrun --elastic:
+ * CFX_ELASTIC_MIN_SIZE (1), CFX_ELASTIC_MAX_SIZE (0: no maximum), CFX_ELASTIC_TIMEOUT_S (60) and
  * CFX_ELASTIC_SETTLE_S (10); a malformed value is CFX_ERR_CONFIG naming it. */
-cfx_status cx_launch_elastic_seconds(double *timeout_s, double *settle_s);
+cfx_status cx_launch_elastic_defaults(int *min_size, int *max_size, double *timeout_s,
+                                      double *settle_s);
 
 #endif /* CFX_LAUNCH_ENV_H */

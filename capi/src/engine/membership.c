@@ -46,11 +46,12 @@ cfx_status cfx_reform_options_init(cfx_reform_options *opts, uint32_t version)
     if (version != CFX_REFORM_OPTIONS_VERSION)
         return cx_fail(CFX_ERR_VERSION, "cfx_reform_options_init: version %u is unknown to this "
                        "library (it knows %d)", version, CFX_REFORM_OPTIONS_VERSION);
+    int min_size, max_size;
     double timeout_s, settle_s;
-    cfx_status st = cx_launch_elastic_seconds(&timeout_s, &settle_s);
+    cfx_status st = cx_launch_elastic_defaults(&min_size, &max_size, &timeout_s, &settle_s);
     if (st)
         return st;
-    *opts = (cfx_reform_options){.version = version, .min_size = 1, .max_size = 0,
+    *opts = (cfx_reform_options){.version = version, .min_size = min_size, .max_size = max_size,
                                  .timeout_s = timeout_s, .settle_s = settle_s};
     return CFX_OK;
 }
