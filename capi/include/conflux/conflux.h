@@ -548,8 +548,8 @@ CFX_API void cfx_gradset_free(cfx_gradset *set);
 
 typedef struct cfx_reform_options {
     uint32_t version;  /* CFX_REFORM_OPTIONS_VERSION */
-    int32_t min_size;  /* fewest ranks the world may have (default CFX_ELASTIC_MIN_SIZE, else 1) */
-    int32_t max_size;  /* most ranks, past it newcomers wait (default CFX_ELASTIC_MAX_SIZE, else 0: no limit) */
+    int32_t min_size;  /* fewest ranks (default CFX_ELASTIC_MIN_SIZE, else 1) */
+    int32_t max_size;  /* most ranks (default CFX_ELASTIC_MAX_SIZE, else 0: no limit) */
     /* The deadline of a round, seconds (default CFX_ELASTIC_TIMEOUT_S, else 60): fewer than
      * min_size by then fails with CFX_ERR_MEMBERSHIP_CHANGED naming who is missing. */
     double timeout_s;
