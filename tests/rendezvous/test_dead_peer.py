@@ -1,11 +1,14 @@
 #!/usr/bin/python3
-"""test_dead_peer: a rank of a Gloo job dies (SIGKILL) or goes silent (SIGSTOP) mid-loop, or a
-whole host goes silent (its link pulled: mode link, run inside tests/hosts/cfxhosts with
+"""test_dead_peer: a rank of a job dies (SIGKILL) or goes silent (SIGSTOP) mid-loop, or a whole
+host goes silent (its link pulled: mode link, run inside tests/hosts/cfxhosts with
 --hosts a:2,b:2; host b is lost); every survivor's pending allreduce fails with CFX_ERR_PEER_LOST
 naming a lost rank, within the transport's deadline, and cfx_shutdown returns. cfxrun's last line
-names the rank that died (or, for a silent one, the rank the survivors lost).
+names the rank that died (or, for a silent one, the rank the survivors lost). The job runs over
+Gloo (cfxrun --transport gloo), or with --transport mpi under cfxrun's mpirun: there a call in
+flight cannot be cancelled, so the survivors give it up and the job is aborted at their exit.
 
-Usage: test_dead_peer.py CFXRUN GLOO_JOB NP kill|stop|link [--hosts H] [NAME=VALUE...]
+Usage: test_dead_peer.py CFXRUN GLOO_JOB NP kill|stop|link [--transport gloo|mpi] [--hosts H]
+                         [NAME=VALUE...]
 Prints the measured seconds from the signal to each survivor's error (the figure docs/launching.md
 quotes). The bound checked is the deadline plus a wide margin for a loaded machine.
 """
@@ -24,6 +27,9 @@ VICTIM = 1
 def main():
     cfxrun, job, np, how = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     rest = sys.argv[5:]
+    transport = "gloo"
+    if rest[:1] == ["--transport"]:
+        transport, rest = rest[1], rest[2:]
     hosts = []
     if rest[:1] == ["--hosts"]:
         hosts, rest = ["-H", rest[1]], rest[2:]
@@ -38,7 +44,7 @@ def main():
     # Ranks by slot as cfxrun places them: with -H a:2,b:2, ranks 2 and 3 are on b.
     lost_ranks = {VICTIM} if how != "link" else set(range(np // 2, np))
     victim = min(lost_ranks)
-    proc = subprocess.Popen([sys.executable, cfxrun, "--transport", "gloo", "-np", str(np)] + hosts +
+    proc = subprocess.Popen([sys.executable, cfxrun, "--transport", transport, "-np", str(np)] + hosts +
                             ["--timeout", "200", "--", job, str(np), "--until-failure"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     victim_pid, signalled_at = None, None

@@ -329,15 +329,10 @@ cfx_status cx_context_create_elastic(cx_membership *m, const cx_config *cfg,
                                      const cfx_reform_options *o, cfx_context **out)
 {
     cx_logger lg = {.level = cfg->log_level, .rank = cx_membership_id(m), .fd = 2, .owns_fd = 0};
-    /* The one-host shared-memory path waits for its peers in a futex barrier without a deadline:
-     * a peer killed on the same host would hang the survivors there, so an elastic world carries
-     * every collective over Gloo, whose waits end with CFX_ERR_PEER_LOST. */
-    cx_config elastic_cfg = *cfg;
-    elastic_cfg.shm = 0;
     cx_transport *t;
     cfx_status st = cx_membership_form(m, o, &lg, &t);
     if (!st)
-        st = cx_context_create(t, &elastic_cfg, out);
+        st = cx_context_create(t, cfg, out);
     if (st) {
         cx_membership_close(m);
         return st;

@@ -1,8 +1,10 @@
 /* shm - the intra-node shared-memory allreduce (see shm.h). */
 #include "exec/shm.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -33,6 +35,19 @@ typedef struct shm_control {
     atomic_uint sleepers;                        /* waiters in futex_wait */
 } shm_control;
 
+/* Each local rank's entry in the segment, on a cache line of its own: who it is, for the message
+ * when it fails to arrive, and the barrier generations it has reached, so that a waiter past its
+ * deadline can tell the late ranks from the others. */
+typedef struct shm_member {
+    _Alignas(CACHE_LINE) atomic_uint reached;
+    int32_t rank; /* in the transport */
+    int32_t pid;  /* one host, one pid namespace: a peer's liveness is kill(pid, 0) and /proc */
+} shm_member;
+
+/* How often a waiter asleep at a barrier looks whether a late peer's process still exists: a dead
+ * peer is named within this, a stopped or stuck one at the deadline. */
+#define LIVENESS_PERIOD_S 0.1
+
 /* Each local rank's offer of a batch for the direct path: whether all of its tensors lie in its
  * shared pool, and where (offsets into the pool), segment by segment, with each segment's length
  * (a rank cuts its batch into segments by where its tensors lie, so the cuts must be checked to be
@@ -61,7 +76,11 @@ struct cx_shm {
     size_t chunk;          /* bytes per slot */
     size_t size;           /* bytes mapped */
     uint8_t *base;
+    double timeout_s;      /* a barrier waits this long for a late peer (CFX_TRANSPORT_TIMEOUT_S) */
+    cfx_status failed;     /* a barrier gave up: the segment's state is lost, every call fails */
+    char failure[CX_ERROR_MAX];
     shm_control *control;
+    shm_member *members;   /* [nlocal] */
     uint8_t *slots;        /* [2][nlocal][chunk] */
     uint8_t *results;      /* [2][chunk] */
     direct_offer *offers;  /* [nlocal] */
@@ -97,28 +116,83 @@ static void futex_wake_all(atomic_uint *word)
     syscall(SYS_futex, (unsigned *)word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
+/* Whether process `pid` has ended: gone, or a zombie its parent has not reaped yet. */
+static bool process_ended(int pid)
+{
+    if (pid <= 0)
+        return false;
+    if (kill(pid, 0) != 0)
+        return errno == ESRCH;
+    char path[64], stat[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    size_t n = fread(stat, 1, sizeof stat - 1, f);
+    fclose(f);
+    stat[n] = 0;
+    const char *close_paren = strrchr(stat, ')'); /* "pid (comm) S ...": comm may hold spaces */
+    return close_paren && close_paren[1] == ' ' && (close_paren[2] == 'Z' || close_paren[2] == 'X');
+}
+
+/* Gives up on a barrier: names the local ranks that did not reach generation `gen` + 1 (those
+ * whose process ended first, else all the late ones) and fails this and every later call. */
+static cfx_status give_up(cx_shm *s, unsigned gen, double waited_s, bool ended_only)
+{
+    char host[256] = "?", who[1024] = "";
+    gethostname(host, sizeof host - 1);
+    size_t len = 0;
+    for (int q = 0; q < s->nlocal; q++) {
+        const shm_member *m = &s->members[q];
+        if (q == s->me || (int)(atomic_load(&m->reached) - (gen + 1)) >= 0)
+            continue;
+        bool ended = process_ended(m->pid);
+        if (ended_only && !ended)
+            continue;
+        int w = snprintf(who + len, sizeof who - len, "%srank %d on host %s (process %d %s)",
+                         len ? ", " : "", m->rank, host, m->pid, ended ? "ended" : "did not arrive");
+        if (w > 0 && (size_t)w < sizeof who - len)
+            len += (size_t)w;
+    }
+    snprintf(s->failure, sizeof s->failure, "shared-memory barrier (local rank %d of %d, rank %d, "
+             "host %s): a peer died or stopped answering within %g s (CFX_TRANSPORT_TIMEOUT_S); "
+             "waited %.2f s: suspect %s", s->me, s->nlocal, s->members[s->me].rank, host,
+             s->timeout_s, waited_s, len ? who : "a local rank that left the segment");
+    s->failed = CFX_ERR_PEER_LOST;
+    return cx_fail(s->failed, "%s", s->failure);
+}
+
 /* Waits for every local rank. A round's phases take a few hundred microseconds, so a waiter spins,
  * then yields (letting any other runnable thread have the core) for up to BARRIER_YIELD_S, then
  * sleeps on a futex that the last arriver wakes. Polling with nanosleep instead costs the timer
  * slack (about 50 us) per barrier, which at two barriers per chunk was a third of a 256 MiB
- * reduction's time. */
+ * reduction's time. Every rank is in the same batch or agreement round when it gets here (the
+ * negotiation put them there, and cycles run at least every cycle time on every rank), so a long
+ * wait means a lost peer: a sleeping waiter checks the late ranks' processes every
+ * LIVENESS_PERIOD_S and gives up with CFX_ERR_PEER_LOST when one ended, or at the deadline. */
 #define BARRIER_YIELD_S 1e-3
-static void barrier_yielding(cx_shm *s, double yield_s)
+static cfx_status barrier_yielding(cx_shm *s, double yield_s)
 {
+    if (s->failed)
+        return cx_fail(s->failed, "%s", s->failure);
     unsigned gen = s->generation;
     shm_control *c = s->control;
+    atomic_store(&s->members[s->me].reached, gen + 1);
     if (atomic_fetch_add(&c->arrived, 1) == (unsigned)s->nlocal - 1) {
         atomic_store_explicit(&c->arrived, 0, memory_order_relaxed);
         atomic_store(&c->generation, gen + 1);
         if (atomic_load(&c->sleepers))
             futex_wake_all(&c->generation);
     } else {
-        double until = 0;
+        double started = 0, until = 0, next_check = 0;
         for (unsigned spins = 0; atomic_load(&c->generation) == gen; spins++) {
             if (spins < 128)
                 continue;
-            if (until == 0)
-                until = cx_now_s() + yield_s;
+            if (until == 0) {
+                started = cx_now_s();
+                until = started + yield_s;
+                next_check = started + LIVENESS_PERIOD_S;
+            }
             if (spins % 64 || cx_now_s() < until) {
                 sched_yield();
                 continue;
@@ -127,15 +201,27 @@ static void barrier_yielding(cx_shm *s, double yield_s)
             if (atomic_load(&c->generation) == gen)
                 futex_wait(&c->generation, gen);
             atomic_fetch_sub(&c->sleepers, 1);
+            double now = cx_now_s();
+            if (now >= next_check && atomic_load(&c->generation) == gen) {
+                next_check = now + LIVENESS_PERIOD_S;
+                bool timed_out = s->timeout_s > 0 && now - started >= s->timeout_s;
+                for (int q = 0; q < s->nlocal && !timed_out; q++)
+                    if (q != s->me && (int)(atomic_load(&s->members[q].reached) - (gen + 1)) < 0 &&
+                        process_ended(s->members[q].pid))
+                        return give_up(s, gen, now - started, true);
+                if (timed_out)
+                    return give_up(s, gen, now - started, false);
+            }
         }
     }
     s->generation = gen + 1;
+    return CFX_OK;
 }
 
-static void barrier(cx_shm *s) { barrier_yielding(s, BARRIER_YIELD_S); }
+static cfx_status barrier(cx_shm *s) { return barrier_yielding(s, BARRIER_YIELD_S); }
 
-cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, uint64_t direct_map_fail,
-                         cx_shm **out)
+cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, double timeout_s,
+                         uint64_t direct_map_fail, cx_shm **out)
 {
     *out = NULL;
     /* Rank 0 picks a job-unique tag; each host's segment is named by the tag and its host index. */
@@ -160,11 +246,13 @@ cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, uint64_t direct_ma
     s->nlocal = t->local_size;
     s->me = t->local_rank;
     s->direct_map_fail = direct_map_fail;
+    s->timeout_s = timeout_s;
     s->chunk = round_up(chunk_bytes, CACHE_LINE);
     size_t control = round_up(sizeof(shm_control), 4096);
+    size_t members = round_up((size_t)s->nlocal * sizeof(shm_member), 4096);
     size_t offers = round_up((size_t)s->nlocal * sizeof(direct_offer), 4096);
     size_t and_rows = round_up(2 * (size_t)s->nlocal * AND_MAX_WORDS * sizeof(uint64_t), 4096);
-    s->size = control + offers + and_rows + s->chunk * 2 * (size_t)s->nlocal + s->chunk * 2;
+    s->size = control + members + offers + and_rows + s->chunk * 2 * (size_t)s->nlocal + s->chunk * 2;
     char name[64];
     snprintf(name, sizeof name, "/conflux-%016llx-%d", (unsigned long long)tag, t->cross_rank);
     int fd = -1;
@@ -191,6 +279,11 @@ cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, uint64_t direct_ma
         else
             s->base = p;
     }
+    if (!local) { /* read by the peers only when they wait for this rank, after the AND below */
+        shm_member *me = (shm_member *)(s->base + control) + s->me;
+        me->rank = t->rank;
+        me->pid = (int32_t)getpid();
+    }
     if (fd >= 0)
         close(fd);
     /* Agree on success everywhere: one failed rank means nobody uses the segment. */
@@ -208,9 +301,10 @@ cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, uint64_t direct_ma
                                  local ? msg : "another rank could not map it");
     }
     s->control = (shm_control *)s->base;
-    s->offers = (direct_offer *)(s->base + control);
-    s->and_rows = (uint64_t *)(s->base + control + offers);
-    s->slots = s->base + control + offers + and_rows;
+    s->members = (shm_member *)(s->base + control);
+    s->offers = (direct_offer *)(s->base + control + members);
+    s->and_rows = (uint64_t *)(s->base + control + members + offers);
+    s->slots = s->base + control + members + offers + and_rows;
     s->results = s->slots + s->chunk * 2 * (size_t)s->nlocal;
     *out = s;
     return CFX_OK;
@@ -222,21 +316,22 @@ cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, uint64_t direct_ma
  * rows. A late peer is waited for by yielding for at most AND_YIELD_S, then on the futex: idle
  * heartbeat rounds come every cycle time or less often, and their ranks arrive close together. */
 #define AND_YIELD_S 200e-6
-bool cx_shm_allreduce_and(cx_shm *s, uint64_t *words, size_t count)
+cfx_status cx_shm_allreduce_and(cx_shm *s, uint64_t *words, size_t count, bool *done)
 {
-    if (count > AND_MAX_WORDS)
-        return false;
+    *done = count <= AND_MAX_WORDS;
+    if (!*done)
+        return CFX_OK;
     size_t row = AND_MAX_WORDS, half = (size_t)s->nlocal * row;
     uint64_t *rows = s->and_rows + (size_t)(s->and_rounds++ & 1) * half;
     memcpy(rows + (size_t)s->me * row, words, count * sizeof *words);
-    barrier_yielding(s, AND_YIELD_S);
-    for (int q = 0; q < s->nlocal; q++) {
+    cfx_status st = barrier_yielding(s, AND_YIELD_S);
+    for (int q = 0; q < s->nlocal && !st; q++) {
         const uint64_t *peer = rows + (size_t)q * row;
         if (q != s->me)
             for (size_t i = 0; i < count; i++)
                 words[i] &= peer[i];
     }
-    return true;
+    return st;
 }
 
 int cx_shm_direct_state(const cx_shm *s, const char **why)
@@ -263,7 +358,7 @@ static void unmap_peer_pools(cx_shm *s)
 /* Maps every peer's pool from the offers (after a barrier at which all offered), then agrees
  * with the peers over the segment: ready only if every rank mapped all; otherwise off for good,
  * with the reason kept for the log, and the batch takes the copies. */
-static void setup_direct(cx_shm *s)
+static cfx_status setup_direct(cx_shm *s)
 {
     cfx_status st = CFX_OK;
     s->peer_pools = calloc((size_t)s->nlocal, sizeof *s->peer_pools);
@@ -284,7 +379,11 @@ static void setup_direct(cx_shm *s)
     if (st)
         snprintf(s->direct_off, sizeof s->direct_off, "%s", cx_error_message());
     s->offers[s->me].mapped = st ? 2 : 1;
-    barrier(s);
+    cfx_status lost = barrier(s);
+    if (lost) {
+        unmap_peer_pools(s);
+        return lost;
+    }
     int failed = -1;
     for (int q = 0; q < s->nlocal; q++)
         if (s->offers[q].mapped != 1 && failed < 0)
@@ -296,7 +395,10 @@ static void setup_direct(cx_shm *s)
             snprintf(s->direct_off, sizeof s->direct_off, "local rank %d could not map the other "
                      "ranks' shared tensor memory", failed);
     }
+    return CFX_OK;
 }
+
+cfx_status cx_shm_failure(const cx_shm *s) { return s->failed; }
 
 void cx_shm_destroy(cx_shm *s)
 {
@@ -577,8 +679,8 @@ static cfx_status direct_allreduce(cx_shm *s, cx_transport *t, const cx_segment 
                 direct_write(s, segs, &wr, lo, hi, s->piece, dtype, postscale);
         }
     }
-    barrier(s);
-    return st;
+    cfx_status lost = barrier(s);
+    return st ? st : lost;
 }
 
 cfx_status cx_shm_allreduce(cx_shm *s, cx_transport *t, const cx_segment *segs, size_t nsegs,
@@ -621,14 +723,16 @@ cfx_status cx_shm_allreduce_wire(cx_shm *s, cx_transport *t, const cx_segment *s
         cursor in_first = in, own;
         copy_in_chunk(s, k, segs, &in, &own, count, lo, hi, stage_own, off == 0 && offered, dtype,
                       op, prescale);
-        barrier(s);
+        cfx_status st = barrier(s);
+        if (st)
+            return st;
         if (off == 0 && offers) {
             int takers = 0;
             for (int q = 0; q < s->nlocal; q++)
                 takers += s->offers[q].ok != 0;
             bool all_take = takers == s->nlocal && same_cuts(s);
-            if (all_take && s->direct == DIRECT_UNTRIED)
-                setup_direct(s);
+            if (all_take && s->direct == DIRECT_UNTRIED && (st = setup_direct(s)))
+                return st;
             if (all_take && s->direct == DIRECT_READY)
                 return direct_allreduce(s, t, segs, n, dtype, op, postscale, hierarchical,
                                         wire, residual);
@@ -636,7 +740,8 @@ cfx_status cx_shm_allreduce_wire(cx_shm *s, cx_transport *t, const cx_segment *s
                 if (offered)
                     copy_in_chunk(s, k, segs, &in_first, &own, count, lo, hi, stage_own, false,
                                   dtype, op, prescale);
-                barrier(s);
+                if ((st = barrier(s)))
+                    return st;
             }
         }
         uint8_t *res = s->results + (size_t)k * s->chunk;
@@ -660,14 +765,15 @@ cfx_status cx_shm_allreduce_wire(cx_shm *s, cx_transport *t, const cx_segment *s
             /* Every local rank sends its own block across hosts: all links work at once. Ranks
              * with an empty block still call, so the cross communicator's calls match. */
             void *own_residual = residual ? (uint8_t *)residual + (off + lo) * esize : NULL;
-            cfx_status st = cross_leg(s, t, res + lo * esize, hi - lo, dtype, op, wire,
+            st = cross_leg(s, t, res + lo * esize, hi - lo, dtype, op, wire,
                                       own_residual);
             if (st)
                 return st;
             out_op.buf = res + lo * esize;
             walk(segs, &own_out, hi - lo, &out_op);
         }
-        barrier(s);
+        if ((st = barrier(s)))
+            return st;
         out_op.buf = res;
         walk(segs, &out, lo, &out_op);
         walk_op skip_out = {WALK_SKIP, res, NULL, false, dtype, op, 1.0};

@@ -50,17 +50,23 @@
 typedef struct cx_shm cx_shm;
 
 /* Maps this host's segment (collective over every rank of `t`). `chunk_bytes` is the slot size.
+ * A barrier waits at most `timeout_s` (0: no limit) for a late local rank, and gives up at once on
+ * one whose process ended: CFX_ERR_PEER_LOST naming its rank and host, from then on for every call
+ * on this segment (its barrier's state is lost).
  * `direct_map_fail` (CFX_TEST_DIRECT_MAP_FAIL, tests only; 0 = none): bit L set, local rank L
  * cannot map its peers' pools, so the direct path turns off. */
-cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, uint64_t direct_map_fail,
-                         cx_shm **out);
+cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, double timeout_s,
+                         uint64_t direct_map_fail, cx_shm **out);
 void cx_shm_destroy(cx_shm *s);
 
+/* CFX_OK, or CFX_ERR_PEER_LOST once a barrier gave up on a peer. */
+cfx_status cx_shm_failure(const cx_shm *s);
+
 /* The control plane's AND-allreduce (words[i] = AND over the local ranks of words[i]) through the
- * segment, for a job whose ranks all share this host: one barrier, no MPI. False (nothing done)
- * when `count` exceeds the segment's rows; count is the same on every rank, so all then take the
- * transport's AND instead. */
-bool cx_shm_allreduce_and(cx_shm *s, uint64_t *words, size_t count);
+ * segment, for a job whose ranks all share this host: one barrier, no MPI. *done false (nothing
+ * done) when `count` exceeds the segment's rows; count is the same on every rank, so all then take
+ * the transport's AND instead. */
+cfx_status cx_shm_allreduce_and(cx_shm *s, uint64_t *words, size_t count, bool *done);
 
 /* The direct path: 0 not tried yet (no batch had every rank's tensors in shared tensor memory),
  * 1 on, -1 off for good (*why says why: some rank could not map another's pool). */

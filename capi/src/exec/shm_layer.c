@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "base/error.h"
+#include "base/launch_env.h"
 
 typedef struct shm_layer {
     cx_transport base;      /* rank and group sizes copied from inner; ops points at `ops` */
@@ -33,8 +34,12 @@ static cfx_status layer_bcast_bytes(cx_transport *t, void **buf, size_t *len, in
 static cfx_status layer_allreduce_and(cx_transport *t, uint64_t *words, size_t count)
 {
     shm_layer *l = (shm_layer *)t;
-    if (!l->path.hierarchical && cx_shm_allreduce_and(l->path.shm, words, count))
-        return CFX_OK;
+    bool done = false;
+    if (!l->path.hierarchical) {
+        cfx_status st = cx_shm_allreduce_and(l->path.shm, words, count, &done);
+        if (st || done)
+            return st;
+    }
     return l->inner->ops->allreduce_and(l->inner, words, count);
 }
 
@@ -101,10 +106,19 @@ static cfx_status layer_sendrecv(cx_transport *t, cx_group group, const void *se
     return in->ops->sendrecv(in, group, send, send_bytes, to, recv, recv_bytes, from);
 }
 
-/* The segment first, as before the layer existed: its unmapping needs no peer. */
+static void layer_mark_lost(cx_transport *t)
+{
+    cx_transport *in = inner_of(t);
+    in->ops->mark_lost(in);
+}
+
+/* The segment first, as before the layer existed: its unmapping needs no peer. A peer the segment
+ * lost is the transport's news too: its destroy must not wait for that peer. */
 static void layer_destroy(cx_transport *t)
 {
     shm_layer *l = (shm_layer *)t;
+    if (cx_shm_failure(l->path.shm) && cx_transport_has(l->inner, CX_TRANSPORT_MARK_LOST))
+        l->inner->ops->mark_lost(l->inner);
     cx_shm_destroy(l->path.shm);
     l->inner->ops->destroy(l->inner);
     free(l);
@@ -131,6 +145,7 @@ static cfx_status wrap(cx_transport *inner, cx_host_path path, cx_transport **ou
         .cross_allreduce = in->cross_allreduce ? layer_cross_allreduce : NULL,
         .split = in->split ? layer_split : NULL,
         .sendrecv = in->sendrecv ? layer_sendrecv : NULL,
+        .mark_lost = in->mark_lost ? layer_mark_lost : NULL,
         .destroy = layer_destroy,
     };
     l->base = *inner;
@@ -185,8 +200,11 @@ cfx_status cx_shm_layer_setup(cx_transport **tp, const cx_config *c, const cx_lo
     }
     if (t->local_size == 1) /* the same on every rank here */
         return CFX_OK;
+    double rendezvous_s, transport_s;
+    if ((st = cx_launch_timeouts(NULL, NULL, &rendezvous_s, &transport_s)))
+        return st;
     cx_host_path path = {NULL, !one_host};
-    st = cx_shm_create(t, (size_t)c->chunk_bytes, c->test.direct_map_fail, &path.shm);
+    st = cx_shm_create(t, (size_t)c->chunk_bytes, transport_s, c->test.direct_map_fail, &path.shm);
     if (st == CFX_ERR_TRANSPORT) { /* no usable /dev/shm: the transport alone still works */
         cx_log(log, CX_LOG_WARNING, "context", "%s; %s carries every allreduce",
                cx_error_message(), t->ops->name);

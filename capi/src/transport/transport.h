@@ -41,6 +41,7 @@ enum {
     CX_TRANSPORT_CROSS_ALLREDUCE = 1u << 0, /* cross_allreduce: the two-level (hierarchical) paths */
     CX_TRANSPORT_SPLIT = 1u << 1,           /* split: subset contexts */
     CX_TRANSPORT_SENDRECV = 1u << 2,        /* sendrecv: Adasum */
+    CX_TRANSPORT_MARK_LOST = 1u << 3,       /* mark_lost: a transport that waits for peers at exit */
 };
 
 typedef struct cx_transport_caps {
@@ -111,6 +112,12 @@ typedef struct cx_transport_ops {
      * CX_TRANSPORT_SENDRECV). */
     cfx_status (*sendrecv)(cx_transport *t, cx_group group, const void *send, size_t send_bytes,
                            int to, void *recv, size_t recv_bytes, int from);
+
+    /* -- failure -- */
+    /* A layer above found a peer lost (the host segment's deadline: exec/shm.h), so nothing may
+     * wait for a peer any more, the destroy below included; later calls may fail at once
+     * (optional: CX_TRANSPORT_MARK_LOST, for a transport whose destroy or exit meets its peers). */
+    void (*mark_lost)(cx_transport *t);
 
     /* Frees the transport (collective: every rank calls it, in the same place of the order). */
     void (*destroy)(cx_transport *t);

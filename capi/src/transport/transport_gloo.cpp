@@ -749,14 +749,18 @@ cfx_status gloo_split(cx_transport *t, const int *ranks, size_t n, cx_transport 
     return st;
 }
 
+/* A peer the host segment lost: no goodbye through the store waits for it (release_root). */
+void gloo_mark_lost(cx_transport *t) { state_of(t)->root->broken = true; }
+
 /* The engine's segment reduces a host's share faster than Gloo's TCP pairs; every Gloo wait has
  * the transport deadline, so a call in flight ends with CFX_ERR_PEER_LOST when a peer is lost. */
 const cx_transport_ops gloo_ops = {
     "gloo",
-    {true, true, CX_TRANSPORT_CROSS_ALLREDUCE | CX_TRANSPORT_SPLIT | CX_TRANSPORT_SENDRECV},
+    {true, true, CX_TRANSPORT_CROSS_ALLREDUCE | CX_TRANSPORT_SPLIT | CX_TRANSPORT_SENDRECV |
+                     CX_TRANSPORT_MARK_LOST},
     gloo_gather_bytes, gloo_bcast_bytes, gloo_allreduce_and, gloo_allreduce,
     gloo_allgatherv, gloo_broadcast, gloo_alltoallv, gloo_reduce_scatter, gloo_barrier,
-    gloo_cross_allreduce, gloo_split, gloo_sendrecv, gloo_destroy};
+    gloo_cross_allreduce, gloo_split, gloo_sendrecv, gloo_mark_lost, gloo_destroy};
 
 std::string host_name(const Root *root, int world_rank)
 {

@@ -6,12 +6,15 @@
 #include <mpi.h>
 #include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/dtype.h"
 #include "base/error.h"
+#include "base/launch_env.h"
 #include "kernels/reduce.h"
 
 typedef struct mpi_transport {
@@ -33,12 +36,27 @@ static char mpi_init_message[512];
 static MPI_Datatype half_type = MPI_DATATYPE_NULL;
 static MPI_Op half_ops[2][CFX_OP_COUNT]; /* [0] float16, [1] bfloat16 */
 
+/* The deadline of every wait (CFX_TRANSPORT_TIMEOUT_S). An MPI call in flight cannot be cancelled,
+ * so a wait past it gives the call up: the world is lost for this process (`world_lost`, with the
+ * message every later call repeats), nothing here calls MPI again, and at exit the job is aborted
+ * rather than finalized, since MPI_Finalize would wait for the silent peer. `suspects` names the
+ * ranks a stuck call may be waiting for: those on other hosts, else the other ranks. */
+static _Atomic double wait_deadline_s = 30;
+static atomic_int world_lost;
+static char world_lost_message[CX_ERROR_MAX];
+static char suspects[1024] = "another rank";
+
 static void finalize_at_exit(void)
 {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized)
-        MPI_Finalize();
+    if (finalized)
+        return;
+    if (atomic_load(&world_lost)) {
+        fprintf(stderr, "conflux: aborting the MPI job: %s\n", world_lost_message);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    MPI_Finalize();
 }
 
 #define HALF_OP(name, dt, op)                                                               \
@@ -117,8 +135,25 @@ static double now_us(void)
     return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
 }
 
+/* Gives up a wait past its deadline (see wait_deadline_s). */
+static cfx_status give_up(const char *what, double waited_us)
+{
+    char host[256] = "?";
+    gethostname(host, sizeof host - 1);
+    int rank = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    snprintf(world_lost_message, sizeof world_lost_message, "%s (rank %d, host %s): a peer died or "
+             "stopped answering within %g s (CFX_TRANSPORT_TIMEOUT_S); waited %.2f s: suspect %s. "
+             "An MPI call cannot be cancelled: this process makes no further MPI calls and the job "
+             "is aborted at exit", what, rank, host, atomic_load(&wait_deadline_s), waited_us * 1e-6, suspects);
+    atomic_store(&world_lost, 1);
+    return cx_fail(CFX_ERR_PEER_LOST, "%s", world_lost_message);
+}
+
 static cfx_status wait_request(MPI_Request *req, const char *what)
 {
+    if (atomic_load(&world_lost))
+        return cx_fail(CFX_ERR_PEER_LOST, "%s", world_lost_message);
     int done = 0;
     double start = 0;
     for (unsigned i = 0;; i++) {
@@ -146,7 +181,46 @@ static cfx_status wait_request(MPI_Request *req, const char *what)
             return CFX_OK;
         if (sleep_ns < 500000)
             sleep_ns *= 2;
+        double waited = now_us() - start;
+        if (waited > atomic_load(&wait_deadline_s) * 1e6)
+            return give_up(what, waited);
     }
+}
+
+/* The suspects of a stuck call (see wait_deadline_s): every rank's host, gathered once over the
+ * world at the first transport. */
+static cfx_status find_suspects(void)
+{
+    enum { HOST_MAX = 64 };
+    int rank = 0, size = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    char mine[HOST_MAX] = {0};
+    gethostname(mine, HOST_MAX - 1);
+    char *all = calloc((size_t)size, HOST_MAX);
+    if (!all)
+        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for %d host names", size);
+    int rc = MPI_Allgather(mine, HOST_MAX, MPI_CHAR, all, HOST_MAX, MPI_CHAR, MPI_COMM_WORLD);
+    if (rc != MPI_SUCCESS) {
+        free(all);
+        return mpi_error(rc, "MPI_Allgather (host names)");
+    }
+    bool other_hosts = false;
+    for (int r = 0; r < size; r++)
+        other_hosts = other_hosts || strcmp(all + (size_t)r * HOST_MAX, mine) != 0;
+    size_t len = 0;
+    for (int r = 0; r < size && len + 1 < sizeof suspects; r++) {
+        const char *host = all + (size_t)r * HOST_MAX;
+        if (r == rank || (other_hosts && strcmp(host, mine) == 0))
+            continue;
+        int w = snprintf(suspects + len, sizeof suspects - len, "%srank %d on host %s",
+                         len ? " or " : "", r, host);
+        if (w < 0 || (size_t)w >= sizeof suspects - len)
+            break;
+        len += (size_t)w;
+    }
+    free(all);
+    return CFX_OK;
 }
 
 static MPI_Comm comm_of(cx_transport *t) { return ((mpi_transport *)t)->comm; }
@@ -455,6 +529,16 @@ static void mpi_destroy(cx_transport *t)
 
 static cfx_status from_comm(MPI_Comm comm, int pretend_local_size, cx_transport **out);
 
+/* A peer on this host was lost in the shared-memory segment: MPI_Finalize at exit would wait for
+ * it, so the job is aborted then instead (see wait_deadline_s). */
+static void mpi_mark_lost(cx_transport *t)
+{
+    (void)t;
+    if (!atomic_exchange(&world_lost, 1))
+        snprintf(world_lost_message, sizeof world_lost_message, "a peer on this host was lost "
+                 "(the shared-memory segment's deadline, CFX_TRANSPORT_TIMEOUT_S)");
+}
+
 static cfx_status mpi_split(cx_transport *t, const int *ranks, size_t n, cx_transport **out)
 {
     mpi_transport *m = (mpi_transport *)t;
@@ -479,7 +563,8 @@ static const cx_transport_ops mpi_ops = {
     /* The engine's segment reduces a host's share faster than Open MPI's own shared memory
      * (docs/performance.md); an MPI collective cannot be cancelled once started. */
     .caps = {.prefers_host_shm = true, .aborts_in_flight = false,
-             .optional = CX_TRANSPORT_CROSS_ALLREDUCE | CX_TRANSPORT_SPLIT | CX_TRANSPORT_SENDRECV},
+             .optional = CX_TRANSPORT_CROSS_ALLREDUCE | CX_TRANSPORT_SPLIT | CX_TRANSPORT_SENDRECV |
+                         CX_TRANSPORT_MARK_LOST},
     .gather_bytes = mpi_gather_bytes,
     .bcast_bytes = mpi_bcast_bytes,
     .allreduce_and = mpi_allreduce_and,
@@ -492,6 +577,7 @@ static const cx_transport_ops mpi_ops = {
     .cross_allreduce = mpi_cross_allreduce,
     .sendrecv = mpi_sendrecv,
     .split = mpi_split,
+    .mark_lost = mpi_mark_lost,
     .destroy = mpi_destroy,
 };
 
@@ -504,6 +590,16 @@ cfx_status cx_transport_mpi_create(int pretend_local_size, cx_transport **out)
     MPI_Finalized(&finalized);
     if (finalized)
         return cx_fail(CFX_ERR_TRANSPORT, "MPI has already been finalized in this process");
+    double rendezvous_s, deadline_s;
+    cfx_status st = cx_launch_timeouts(NULL, NULL, &rendezvous_s, &deadline_s);
+    /* Once per process (every rank makes the same transports in the same order, so the collective
+     * matches), so that a give-up on another context's thread reads a settled text. */
+    static atomic_int suspects_found;
+    if (!st && !atomic_load(&suspects_found) && !(st = find_suspects()))
+        atomic_store(&suspects_found, 1);
+    if (st)
+        return st;
+    atomic_store(&wait_deadline_s, deadline_s);
     MPI_Comm comm;
     int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm);
     if (rc != MPI_SUCCESS)
