@@ -303,8 +303,12 @@ class Driver:
             self.mark_gone(wid)
             cooldown = random.uniform(*self.opts["cooldown"]) if self.opts["cooldown"] else float("inf")
             self.blacklist[host] = now + cooldown
-            sys.stderr.write("cfx_elastic: worker id %d on host %s ended with %s; host %s "
-                             "blacklisted%s\n" % (wid, host, how_it_ended(rc), host,
+            # ssh (and the agents that speak for it) ends with 255 when it could not run the
+            # command there at all: say so, the worker's own output has nothing.
+            agent = " (255: the launch agent could not start it there; is the host reachable?)" \
+                if rc == 255 and cfxrun.remote_hosts([host]) else ""
+            sys.stderr.write("cfx_elastic: worker id %d on host %s ended with %s%s; host %s "
+                             "blacklisted%s\n" % (wid, host, how_it_ended(rc), agent, host,
                                                   "" if self.opts["cooldown"] is None
                                                   else " for %.1f s" % cooldown))
             if self.succeeded_at is None:
