@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """bench/elastic_hosts.py - how long an elastic job on the two pretend hosts (tests/hosts/cfxhosts)
 takes to train again after losing a host's workers, and to train on a host the discovery script
-adds; a markdown table of two rows on stdout (bench/hosts.sh appends it to its own).
+adds; a markdown table of two rows on stdout (the elastic rows of the bench/hosts table).
 
     bench/elastic_hosts.py [--build-dir DIR] [--repeats N] [--out DIR]
 
