@@ -255,16 +255,30 @@ class Driver:
         with self.store.lock:
             self.store.data[b"elastic/gone/%d" % wid] = b"1"
 
+    def decisions(self):
+        """The rounds' decisions in the store: (round, text) by round."""
+        with self.store.lock:
+            found = [(k, v) for k, v in self.store.data.items() if k.endswith(b"/decision")]
+        rounds = []
+        for key, value in found:
+            m = re.fullmatch(rb"elastic/r(\d+)/decision", key)
+            if m:
+                rounds.append((int(m.group(1)), value.decode("utf-8", "replace")))
+        return sorted(rounds)
+
     def final_world(self):
         """The member ids of the newest world the rounds formed (the first world before any)."""
-        newest, ids = 0, set(range(self.first))
-        with self.store.lock:
-            decisions = [(k, v) for k, v in self.store.data.items() if k.endswith(b"/decision")]
-        for key, value in decisions:
-            m = re.fullmatch(rb"elastic/r(\d+)/decision", key)
-            if m and value.startswith(b"ok") and int(m.group(1)) > newest:
-                newest, ids = int(m.group(1)), {int(i) for i in value[2:].split()}
+        ids = set(range(self.first))
+        for _, text in self.decisions():
+            if text.startswith("ok"):
+                ids = {int(i) for i in text[2:].split()}
         return ids
+
+    def failed_round(self):
+        """A round's failure (fewer than the minimum by its deadline), which ends the job: its
+        text, else None. Seen here at once, also while workers on a silent host still run."""
+        failed = [text[5:] for _, text in self.decisions() if text.startswith("fail ")]
+        return failed[0] if failed else None
 
     def stop_outsiders(self, now):
         """Once the job finished: a worker outside its final world (left out by a round, on a
@@ -342,6 +356,9 @@ class Driver:
                 continue
             if o["reset_limit"] is not None and self.resets > o["reset_limit"]:
                 self.end("the reset limit (%d) was reached: %d workers lost" % (o["reset_limit"], self.resets), 1)
+            failed = self.failed_round()
+            if failed:
+                self.end("the job cannot go on: membership %s" % failed, 1)
             self.discover(now)
             free = self.usable(now)
             if len(self.workers) < o["min_np"] and not free:

@@ -5,7 +5,7 @@ tests/hosts/cfxhosts (run inside it: workers on b start through its launch agent
 parameters are compared with a single-process reference over the same batches, computed here.
 The second host is the one that fails, goes silent (its link pulled: cfxhosts only) or is added.
 
-    test_elastic_train.py [--hosts FIRST,SECOND] kill|raise|silent|grow|below_min|all_fail
+    test_elastic_train.py [--hosts FIRST,SECOND] kill|raise|silent|grow|below_min|silent_below_min|all_fail
 
 Lines "elastic-time: NAME SECONDS" give what was measured (bench/elastic_hosts.py reads them).
 """
@@ -100,10 +100,10 @@ def main():
     tmp = tempfile.mkdtemp(prefix="cfx-elastic-test-")
     out = os.path.join(tmp, "final.json")
     want = reference()
+    if mode.startswith("silent") and "CFXHOSTS_AGENT" not in os.environ:
+        print("FAIL: mode %s pulls a host's link: run it inside tests/hosts/cfxhosts" % mode)
+        sys.exit(1)
     if mode in ("kill", "raise", "silent"):
-        if mode == "silent" and "CFXHOSTS_AGENT" not in os.environ:
-            print("FAIL: mode silent pulls a host's link: run it inside tests/hosts/cfxhosts")
-            sys.exit(1)
         lose_second_host({"kill": "sigkill"}.get(mode, mode), first, second, out, want)
     elif mode == "grow":
         hosts = os.path.join(tmp, "hosts")
@@ -131,6 +131,21 @@ def main():
         check(p.returncode != 0 and "fewer than the minimum 3" in last,
               "below the minimum: status %d, last line %r" % (p.returncode, last))
         print("below the minimum: ended after %.1f s with: %s" % (elapsed, last))
+    elif mode == "silent_below_min":
+        # Nobody reports the silent host and its workers never end: the survivors' round fails
+        # at its deadline, and the driver ends the job on that decision.
+        p, elapsed = run(["-np", "4", "--min-np", "3", "-H", "%s:2,%s:2" % (first, second),
+                          "--elastic-timeout", "10"],
+                         {"ELASTIC_KILL": "%s:silent:1:3" % second, "ELASTIC_OUT": out,
+                          "CFX_TRANSPORT_TIMEOUT_S": "10", "CFX_ELASTIC_SETTLE_S": "5"})
+        ended = time.time()
+        last = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+        check(p.returncode != 0 and "fewer than the minimum 3" in last and "id 2" in last and
+              "id 3" in last, "below the minimum after a silent host: status %d, last line %r"
+              % (p.returncode, last))
+        print("below the minimum after a silent host: ended %.1f s after the link went down "
+              "(transport deadline 10 s, round deadline 10 s) with: %s"
+              % (since(out, ".lost", ended), last))
     elif mode == "all_fail":
         p, _ = run(["-np", "2", "-H", "%s:1,%s:1" % (first, second)],
                    {"ELASTIC_KILL": "%s:raise:0:0" % first})
@@ -144,7 +159,7 @@ def main():
         check(p.returncode != 0, "a job below its minimum (-np 2 = --min-np) went on")
     else:
         sys.exit("usage: test_elastic_train.py [--hosts FIRST,SECOND] "
-                 "kill|raise|silent|grow|below_min|all_fail (not %s)" % mode)
+                 "kill|raise|silent|grow|below_min|silent_below_min|all_fail (not %s)" % mode)
     print("%s: passed" % mode)
 
 
