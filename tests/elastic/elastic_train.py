@@ -5,13 +5,18 @@ the parameters depend only on which batches were applied, never on the world's s
 reference is a single process over the same batches.
 
 Test knobs (environment): ELASTIC_KILL="host:how:epoch:batch" makes the workers of that host end
-there in the first world (how: sigkill or raise); ELASTIC_ADD_HOST="path:line" makes rank 0 append
-`line` to the discovery script's hosts file at epoch 1, batch 0 (and the ranks wait for the newcomer's
-hello at batch 1); ELASTIC_OUT: rank 0 writes the
-final parameters and sizes seen there."""
+there in the first world (how: sigkill or raise), or go silent (how: silent, on tests/hosts/cfxhosts:
+the host's first worker pulls its link out with the agent, and its workers go on into a collective
+nobody answers); ELASTIC_ADD_HOST="path:line" makes rank 0 append `line` to the discovery script's
+hosts file at epoch 1, batch 0 (and the ranks wait for the newcomer's hello at batch 1);
+ELASTIC_OUT: rank 0 writes the final parameters and sizes seen there, the times (time.time()) of
+each reset and of the first step after it; with ELASTIC_OUT, the failing host writes when it
+failed to ELASTIC_OUT.lost, rank 0 when it added the host to ELASTIC_OUT.added, and a newcomer
+when it finished its first step to ELASTIC_OUT.joined."""
 import json
 import os
 import signal
+import subprocess
 import time
 
 import numpy as np
@@ -38,7 +43,15 @@ optimizer = torch.optim.SGD(model.parameters(), lr=LR)
 state = hvd.elastic.TorchState(model, optimizer, epoch=0, batch=0)
 sizes = []
 reset_times = []
+trained_times = []  # the first step after each reset: training again
 state.register_reset_callbacks([lambda: (sizes.append(hvd.size()), reset_times.append(time.time()))])
+newcomer = conflux.member_id() >= int(os.environ["HOROVOD_SIZE"])
+
+
+def mark_time(suffix):
+    if os.environ.get("ELASTIC_OUT"):
+        with open(os.environ["ELASTIC_OUT"] + suffix, "w") as f:
+            f.write(repr(time.time()))
 kill = os.environ.get("ELASTIC_KILL", "").split(":")
 add = os.environ.get("ELASTIC_ADD_HOST", "").split(":", 1)
 
@@ -46,9 +59,12 @@ add = os.environ.get("ELASTIC_ADD_HOST", "").split(":", 1)
 def maybe_fail(epoch, b):
     if len(kill) == 4 and os.environ["HOROVOD_HOSTNAME"] == kill[0] and \
             (epoch, b) == (int(kill[2]), int(kill[3])) and conflux.membership_round() == 1:
-        if os.environ.get("ELASTIC_OUT"):  # when it failed, for the test's recovery time
-            with open(os.environ["ELASTIC_OUT"] + ".lost", "w") as f:
-                f.write(repr(time.time()))
+        if kill[1] == "silent":
+            if os.environ["HOROVOD_LOCAL_RANK"] == "0":
+                mark_time(".lost")  # when it failed, for the test's recovery time
+                subprocess.run([os.environ["CFXHOSTS_AGENT"], "--link", kill[0], "down"], check=True)
+            return
+        mark_time(".lost")
         if kill[1] == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
         raise RuntimeError("injected failure on host %s" % kill[0])
@@ -68,11 +84,13 @@ def wait_for_newcomer():
 
 @hvd.elastic.run
 def train(state):
+    global newcomer
     for state.epoch in range(state.epoch, EPOCHS):
         while state.batch < BATCHES:  # a commit records the next batch to run
             b = state.batch
             maybe_fail(state.epoch, b)
             if len(add) == 2 and hvd.rank() == 0 and (state.epoch, b) == (1, 0) and hvd.size() < 3:
+                mark_time(".added")
                 with open(add[0], "a") as f:
                     f.write(add[1] + "\n")
             if len(add) == 2 and (state.epoch, b) == (1, 1) and hvd.size() < 3:
@@ -84,6 +102,11 @@ def train(state):
             loss.backward()
             hvd.allreduce_(model.weight.grad, op=hvd.Average, name="grad")
             optimizer.step()
+            if len(trained_times) < len(reset_times):
+                trained_times.append(time.time())
+            if newcomer:
+                mark_time(".joined")
+                newcomer = False
             state.batch = b + 1
             if state.batch % 2 == 0:
                 state.commit()
@@ -94,5 +117,5 @@ train(state)
 if hvd.rank() == 0 and os.environ.get("ELASTIC_OUT"):
     with open(os.environ["ELASTIC_OUT"], "w") as f:
         json.dump({"weight": model.weight.detach().flatten().tolist(), "size": hvd.size(),
-                   "sizes": sizes, "reset_times": reset_times}, f)
+                   "sizes": sizes, "reset_times": reset_times, "trained_times": trained_times}, f)
 hvd.shutdown()

@@ -1,9 +1,13 @@
 """Elastic training end to end: tools/cfxrun --elastic runs tests/elastic/elastic_train.py (a
-Horovod elastic script) with two host names on this machine (localhost and 127.0.0.1, as Horovod's
-own elastic tests do). The final parameters are compared with a single-process reference over the
-same batches, computed here.
+Horovod elastic script) on two hosts: by default two host names of this machine (localhost and
+127.0.0.1, as Horovod's own elastic tests do), with --hosts a,b the pretend hosts of
+tests/hosts/cfxhosts (run inside it: workers on b start through its launch agent). The final
+parameters are compared with a single-process reference over the same batches, computed here.
+The second host is the one that fails, goes silent (its link pulled: cfxhosts only) or is added.
 
-    test_elastic_train.py kill|raise|grow|below_min|all_fail
+    test_elastic_train.py [--hosts FIRST,SECOND] kill|raise|silent|grow|below_min|silent_below_min|all_fail
+
+Lines "elastic-time: NAME SECONDS" give what was measured (bench/elastic_hosts.py reads them).
 """
 import json
 import os
@@ -36,8 +40,8 @@ def reference():
 
 def run(args, env_extra, timeout=240):
     env = dict(os.environ)
-    env.update(env_extra)
     env["CFX_TRANSPORT_TIMEOUT_S"] = "20"
+    env.update(env_extra)
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, CFXRUN, "--elastic"] + args + [sys.executable, SCRIPT],
                        env=env, capture_output=True, text=True, timeout=timeout)
@@ -58,59 +62,104 @@ def final(out):
         return json.load(f)
 
 
+def since(out, suffix, until):
+    """Seconds from the time a worker wrote to OUT.suffix to `until` (both time.time())."""
+    with open(out + suffix) as f:
+        return until - float(f.read())
+
+
+def lose_second_host(how, first, second, out, want):
+    """The second host's workers fail (or go silent) at epoch 1, batch 3 of the first world; the
+    first host's two go on from the last commit (batch 2) and finish."""
+    env = {"ELASTIC_KILL": "%s:%s:1:3" % (second, how), "ELASTIC_OUT": out}
+    if how == "silent":
+        # Nobody reports a silent host: the survivors' collective ends at the transport's
+        # deadline, the round leaves the host out after its settle time.
+        env.update({"CFX_TRANSPORT_TIMEOUT_S": "10", "CFX_ELASTIC_SETTLE_S": "5"})
+    p, _ = run(["-np", "4", "--min-np", "2", "-H", "%s:2,%s:2" % (first, second)], env)
+    check(p.returncode == 0, "the job failed (status %d)" % p.returncode)
+    r = final(out)
+    check(r["size"] == 2 and r["sizes"] == [2],
+          "the survivors' worlds have %s ranks, not [2]" % r["sizes"])
+    check(np.allclose(r["weight"], want, rtol=0, atol=1e-9),
+          "final parameters %s differ from the fixed-world reference %s" % (r["weight"], want))
+    print("elastic-time: lost-to-new-world %.2f" % since(out, ".lost", r["reset_times"][0]))
+    print("elastic-time: lost-to-training %.2f" % since(out, ".lost", r["trained_times"][0]))
+    if how == "silent":
+        check("not a member of the final world" in p.stderr,
+              "the driver did not stop the silent host's workers at the end")
+
+
 def main():
-    mode = sys.argv[1]
+    argv = sys.argv[1:]
+    first, second = "localhost", "127.0.0.1"
+    if argv[:1] == ["--hosts"] and len(argv) > 1:
+        first, second = argv[1].split(",")
+        argv = argv[2:]
+    mode = argv[0] if argv else "(none)"
     tmp = tempfile.mkdtemp(prefix="cfx-elastic-test-")
     out = os.path.join(tmp, "final.json")
     want = reference()
-    if mode in ("kill", "raise"):
-        how = "sigkill" if mode == "kill" else "raise"
-        p, _ = run(["-np", "4", "--min-np", "2", "-H", "localhost:2,127.0.0.1:2"],
-                   {"ELASTIC_KILL": "127.0.0.1:%s:1:3" % how, "ELASTIC_OUT": out})
-        check(p.returncode == 0, "the job failed (status %d)" % p.returncode)
-        r = final(out)
-        check(r["size"] == 2, "the survivors' world has %d ranks, not 2" % r["size"])
-        with open(out + ".lost") as f:
-            lost = float(f.read())
-        print("from the lost workers to the new world (reset callback on rank 0): %.2f s"
-              % (r["reset_times"][0] - lost))
-        check(np.allclose(r["weight"], want, rtol=0, atol=1e-9),
-              "final parameters %s differ from the fixed-world reference %s" % (r["weight"], want))
+    if mode.startswith("silent") and "CFXHOSTS_AGENT" not in os.environ:
+        print("FAIL: mode %s pulls a host's link: run it inside tests/hosts/cfxhosts" % mode)
+        sys.exit(1)
+    if mode in ("kill", "raise", "silent"):
+        lose_second_host({"kill": "sigkill"}.get(mode, mode), first, second, out, want)
     elif mode == "grow":
         hosts = os.path.join(tmp, "hosts")
         with open(hosts, "w") as f:
-            f.write("localhost:2\n")
+            f.write("%s:2\n" % first)
         script = os.path.join(tmp, "discover.sh")
         with open(script, "w") as f:
             f.write("#!/bin/sh\ncat %s\n" % hosts)
         os.chmod(script, 0o755)
         p, _ = run(["-np", "2", "--min-np", "2", "--max-np", "3", "--host-discovery-script", script],
-                   {"ELASTIC_ADD_HOST": "%s:127.0.0.1:1" % hosts, "ELASTIC_OUT": out})
+                   {"ELASTIC_ADD_HOST": "%s:%s:1" % (hosts, second), "ELASTIC_OUT": out})
         check(p.returncode == 0, "the job failed (status %d)" % p.returncode)
         r = final(out)
         check(r["size"] == 3, "the newcomer never joined (size %d)" % r["size"])
         check(np.allclose(r["weight"], want, rtol=0, atol=1e-9),
               "final parameters %s differ from the fixed-world reference %s" % (r["weight"], want))
+        with open(out + ".joined") as f:
+            joined = float(f.read())
+        print("elastic-time: new-host-to-training %.2f" % since(out, ".added", joined))
     elif mode == "below_min":
-        p, elapsed = run(["-np", "3", "--min-np", "3", "-H", "localhost:2,127.0.0.1:1",
+        p, elapsed = run(["-np", "3", "--min-np", "3", "-H", "%s:2,%s:1" % (first, second),
                           "--elastic-timeout", "10"],
-                         {"ELASTIC_KILL": "127.0.0.1:sigkill:1:3"})
+                         {"ELASTIC_KILL": "%s:sigkill:1:3" % second})
         last = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
         check(p.returncode != 0 and "fewer than the minimum 3" in last,
               "below the minimum: status %d, last line %r" % (p.returncode, last))
         print("below the minimum: ended after %.1f s with: %s" % (elapsed, last))
+    elif mode == "silent_below_min":
+        # Nobody reports the silent host and its workers never end: the survivors' round fails
+        # at its deadline, and the driver ends the job on that decision.
+        p, elapsed = run(["-np", "4", "--min-np", "3", "-H", "%s:2,%s:2" % (first, second),
+                          "--elastic-timeout", "10"],
+                         {"ELASTIC_KILL": "%s:silent:1:3" % second, "ELASTIC_OUT": out,
+                          "CFX_TRANSPORT_TIMEOUT_S": "10", "CFX_ELASTIC_SETTLE_S": "5"})
+        ended = time.time()
+        last = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+        check(p.returncode != 0 and "fewer than the minimum 3" in last and "id 2" in last and
+              "id 3" in last, "below the minimum after a silent host: status %d, last line %r"
+              % (p.returncode, last))
+        print("below the minimum after a silent host: ended %.1f s after the link went down "
+              "(transport deadline 10 s, round deadline 10 s) with: %s"
+              % (since(out, ".lost", ended), last))
     elif mode == "all_fail":
-        p, _ = run(["-np", "2", "-H", "localhost:1,127.0.0.1:1"],
-                   {"ELASTIC_KILL": "localhost:raise:0:0"})
-        # Both hosts' workers: localhost's raises; make 127.0.0.1's fail too.
-        p2, _ = run(["-np", "2", "--min-np", "1", "-H", "localhost:1,127.0.0.1:1"],
-                    {"ELASTIC_KILL": "x:raise:0:0", "PYTHONPATH": "/nonexistent-so-import-fails"})
+        p, _ = run(["-np", "2", "-H", "%s:1,%s:1" % (first, second)],
+                   {"ELASTIC_KILL": "%s:raise:0:0" % first})
+        # Every worker fails: none can import the package.
+        p2, _ = run(["-np", "2", "--min-np", "1", "-H", "%s:1,%s:1" % (first, second)],
+                    {"PYTHONPATH": "/nonexistent-so-import-fails"})
         last = p2.stderr.strip().splitlines()[-1] if p2.stderr.strip() else ""
-        check(p2.returncode != 0 and "every worker failed" in last and "id 0" in last and
-              "id 1" in last, "every rank failing: status %d, last line %r" % (p2.returncode, last))
+        check(p2.returncode != 0 and "every worker failed" in last and
+              "id 0 on %s" % first in last and "id 1 on %s" % second in last,
+              "every rank failing: status %d, last line %r" % (p2.returncode, last))
         check(p.returncode != 0, "a job below its minimum (-np 2 = --min-np) went on")
     else:
-        sys.exit("unknown mode %s" % mode)
+        sys.exit("usage: test_elastic_train.py [--hosts FIRST,SECOND] "
+                 "kill|raise|silent|grow|below_min|silent_below_min|all_fail (not %s)" % mode)
     print("%s: passed" % mode)
 
 

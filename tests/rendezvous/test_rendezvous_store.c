@@ -142,6 +142,29 @@ static void test_tcp_store(void **state)
     cx_store_destroy(server);
 }
 
+/* Interrupting a view that borrows its store (an elastic world's transport, over the job's
+ * membership store) leaves the store working; a view that owns its store interrupts it. */
+static void test_tcp_interrupt_through_views(void **state)
+{
+    (void)state;
+    int port = free_port();
+    cx_store *server, *shared, *owned, *borrowed_view, *owning_view;
+    assert_int_equal(cx_store_tcp_create("127.0.0.1", port, 1, 1, 5.0, &server), CFX_OK);
+    assert_int_equal(cx_store_tcp_create("127.0.0.1", port, 0, 1, 5.0, &shared), CFX_OK);
+    assert_int_equal(cx_store_tcp_create("127.0.0.1", port, 0, 1, 5.0, &owned), CFX_OK);
+    assert_int_equal(cx_store_prefixed(shared, "r1", 0, &borrowed_view), CFX_OK);
+    assert_int_equal(cx_store_prefixed(owned, "r1", 1, &owning_view), CFX_OK);
+    cx_store_interrupt(borrowed_view);
+    assert_int_equal(cx_store_set(shared, "after", "yes", 3), CFX_OK);
+    expect_stored(server, "after", "yes");
+    cx_store_interrupt(owning_view);
+    assert_int_equal(cx_store_set(owning_view, "later", "no", 2), CFX_ERR_PEER_LOST);
+    cx_store_destroy(owning_view);
+    cx_store_destroy(borrowed_view);
+    cx_store_destroy(shared);
+    cx_store_destroy(server);
+}
+
 /* A client started before the server keeps connecting until the server is up. */
 typedef struct late_server {
     int port;
@@ -427,6 +450,7 @@ int main(void)
         cmocka_unit_test(test_file_store),
         cmocka_unit_test(test_file_store_bad_dir),
         cmocka_unit_test(test_tcp_store),
+        cmocka_unit_test(test_tcp_interrupt_through_views),
         cmocka_unit_test(test_tcp_client_before_server),
         cmocka_unit_test(test_tcp_no_server_times_out),
         cmocka_unit_test(test_tcp_port_taken),

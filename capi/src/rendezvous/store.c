@@ -126,7 +126,16 @@ static void prefixed_destroy(cx_store *s)
     free(p);
 }
 
-static void prefixed_interrupt(cx_store *s) { cx_store_interrupt(((prefixed_store *)s)->inner); }
+/* A view that does not own its store borrows it from an owner that outlives the view (an elastic
+ * world's transport, the job's membership store): interrupting would end the owner's connection
+ * for good, so only the owner may; a call through the view stays bounded by the store's own I/O
+ * deadline. */
+static void prefixed_interrupt(cx_store *s)
+{
+    prefixed_store *p = (prefixed_store *)s;
+    if (p->owns_inner)
+        cx_store_interrupt(p->inner);
+}
 
 static const cx_store_ops prefixed_ops = {"prefixed store", prefixed_set, prefixed_check,
                                           prefixed_get, prefixed_wait, prefixed_interrupt,

@@ -61,7 +61,8 @@ void cx_store_destroy(cx_store *s);
 void cx_store_interrupt(cx_store *s);
 
 /* A view of `base` whose keys all start with "prefix/". With owns_base the view frees base (also
- * when this call fails); otherwise base must outlive the view. */
+ * when this call fails) and its interrupt interrupts base; otherwise base must outlive the view,
+ * and interrupting the view leaves base alone. */
 cfx_status cx_store_prefixed(cx_store *base, const char *prefix, int owns_base, cx_store **out);
 
 /* The store handed in through the ABI (the callbacks are copied; their user pointer is borrowed). */
