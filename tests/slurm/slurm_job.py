@@ -17,7 +17,8 @@ import conflux
 
 
 def launcher_rank():
-    for rank, size in (("SLURM_PROCID", "SLURM_NTASKS"), ("RANK", "WORLD_SIZE")):
+    for rank, size in (("SLURM_PROCID", "SLURM_NTASKS"), ("RANK", "WORLD_SIZE"),
+                       ("CFX_RANK", "CFX_SIZE")):
         if rank in os.environ:
             return int(os.environ[rank]), int(os.environ[size]), rank
     return None, None, "no launcher variables"
@@ -42,31 +43,35 @@ def main():
         failures.append(f"local rank {conflux.local_rank()} of {conflux.local_size()}; the host "
                         f"names {hosts} give {mine.index(r)} of {len(mine)}")
 
-    x = np.arange(100003, dtype=np.float32) % 7 * (r + 1)
-    got = conflux.allreduce(x, op=conflux.Sum, name="sum.f32")
-    expect = np.arange(100003, dtype=np.float32) % 7 * sum(q + 1 for q in range(n))
-    if not np.array_equal(got, expect):
-        bad = int(np.flatnonzero(got != expect)[0])
-        failures.append(f"sum.f32[{bad}] = {got[bad]}, expected {expect[bad]}")
-    avg = conflux.allreduce(np.full(9, float(r) * 2.0), op=conflux.Average, name="avg.f64")
-    if not np.allclose(avg, np.full(9, float(n - 1))):
-        failures.append(f"average: {avg.tolist()}, expected {float(n - 1)}")
-    top = conflux.allreduce(np.array([r * 3 - 1, -r], dtype=np.int64), op=conflux.Max, name="max")
-    if top.tolist() != [(n - 1) * 3 - 1, 0]:
-        failures.append(f"max: {top.tolist()}, expected {[(n - 1) * 3 - 1, 0]}")
-    rows = conflux.allgather(np.full((r + 1, 3), r, dtype=np.int32), name="rows")
-    expect_rows = np.concatenate([np.full((q + 1, 3), q, dtype=np.int32) for q in range(n)])
-    if not np.array_equal(rows, expect_rows):
-        failures.append(f"allgather: {rows.tolist()}")
-    b = conflux.broadcast(np.array([r * 10 + 1.5, r * 10 + 2.5]), root_rank=n - 1, name="bcast")
-    if b.tolist() != [(n - 1) * 10 + 1.5, (n - 1) * 10 + 2.5]:
-        failures.append(f"broadcast: {b.tolist()}")
+    # (what, result, expected): every expected value from what each rank q contributed.
+    size = 100003   # odd, and above the shared-memory chunk thresholds of small runs
+    checks = [
+        ("sum.f32", conflux.allreduce(np.arange(size, dtype=np.float32) % 7 * (r + 1),
+                                      op=conflux.Sum, name="sum.f32"),
+         np.arange(size, dtype=np.float32) % 7 * sum(q + 1 for q in range(n))),
+        ("average.f64", conflux.allreduce(np.full(9, 2.0 * r), op=conflux.Average, name="avg"),
+         np.full(9, sum(2.0 * q for q in range(n)) / n)),
+        ("max.i64", conflux.allreduce(np.array([3 * r - 1, -r], dtype=np.int64), op=conflux.Max,
+                                      name="max"),
+         np.array([max(3 * q - 1 for q in range(n)), max(-q for q in range(n))])),
+        ("allgather.i32", conflux.allgather(np.full((r + 1, 3), r, dtype=np.int32), name="rows"),
+         np.concatenate([np.full((q + 1, 3), q, dtype=np.int32) for q in range(n)])),
+        ("broadcast.f64", conflux.broadcast(np.array([10.0 * r + 1.5, 10.0 * r + 2.5]),
+                                            root_rank=n - 1, name="bcast"),
+         np.array([10.0 * (n - 1) + 1.5, 10.0 * (n - 1) + 2.5])),
+    ]
+    for what, got, want in checks:
+        if got.shape != want.shape or not np.array_equal(got, want):
+            same_shape = got.shape == want.shape
+            wrong = np.flatnonzero(got.ravel() != want.ravel())[:1] if same_shape else []
+            failures.append(f"{what}: shape {got.shape}, expected {want.shape}" if not len(wrong)
+                            else f"{what}[{wrong[0]}] = {got.ravel()[wrong[0]]}, expected "
+                                 f"{want.ravel()[wrong[0]]}")
     conflux.shutdown()
-    for f in failures:
-        print(f"slurm_job: rank {r}: FAILED {f}", flush=True)
-    print(f"slurm_job: rank {r} of {n} {'FAILED' if failures else 'ok'} on {hosts[r]}", flush=True)
+    verdict = "FAILED" if failures else "ok"
+    print("".join(f"slurm_job: rank {r}: FAILED {f}\n" for f in failures)
+          + f"slurm_job: rank {r} of {n} {verdict} on {hosts[r]}", flush=True)
     return 1 if failures else 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

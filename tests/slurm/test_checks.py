@@ -1,6 +1,6 @@
-"""The output checks of the launcher drivers (tests/slurm/slurmtest, tests/rendezvous/torchrun_hosts)
-on made-up output: a correct run passes, and each kind of wrong run is caught and named. Needs no
-root, Slurm or torch: the drivers run only their checks here."""
+"""The output checks of the launcher drivers (tests/slurm/slurmtest,
+tests/rendezvous/torchrun_hosts) on made-up output: a correct run passes, and each kind of wrong
+run is caught and named. Needs no root, Slurm or torch: the drivers run only their checks here."""
 import importlib.machinery
 import importlib.util
 import os
@@ -28,8 +28,8 @@ def slurm_output(transport="gloo", hosts="aabb", nodes=None, ok=range(4), world=
     lines += [f"[t conflux rank {r} context info] rank {r} of 4 over {transport} (local {r % 2}/2, "
               f"cross {r // 2}/2); fusion 1 B, allreduce path shared memory + "
               f"{transport.upper()} across hosts" for r in range(4)]
-    lines += [f"[t conflux rank {r} world info] rank {r} of 4 from Slurm (srun); meeting through the "
-              "TCP store at a:20031 (from ...)" for r in world]
+    lines += [f"[t conflux rank {r} world info] rank {r} of 4 from Slurm (srun); meeting through "
+              "the TCP store at a:20031 (from ...)" for r in world]
     return lines + [f"gloo_job: rank {r} of 4 ok (local size 2)" for r in ok]
 
 
