@@ -28,18 +28,34 @@ def slurm_output(transport="gloo", hosts="aabb", nodes=None, ok=range(4), world=
     lines += [f"[t conflux rank {r} context info] rank {r} of 4 over {transport} (local {r % 2}/2, "
               f"cross {r // 2}/2); fusion 1 B, allreduce path shared memory + "
               f"{transport.upper()} across hosts" for r in range(4)]
-    lines += [f"[t conflux rank {r} world info] rank {r} of 4 from Slurm (srun); meeting through "
-              "the TCP store at a:20031 (from ...)" for r in world]
-    return lines + [f"gloo_job: rank {r} of 4 ok (local size 2)" for r in ok]
+    return lines + world_and_results(4, world, ok)
 
 
-SRUN = {"launch": "srun", "tasks_per_node": 2}
-SALLOC = {"launch": "salloc-mpirun", "tasks_per_node": 2}
+def world_and_results(n, world, ok):
+    return ([f"[t conflux rank {r} world info] rank {r} of {n} from Slurm (srun); meeting through "
+             "the TCP store at a:20031 (from ...)" for r in world]
+            + [f"gloo_job: rank {r} of {n} ok" for r in ok])
+
+
+def unequal_output(said_so=True):
+    """A correct srun -N2 -n3: ranks 0, 1 on a, 2 on b; Gloo carries everything."""
+    split = [(0, 2, 0, 2), (1, 2, 0, 1), (0, 1, 1, 2)]   # local, local size, cross, cross size
+    lines = [f"slurmtest: rank {r} on {h} node {h}" for r, h in enumerate("aab")]
+    lines += [f"[t conflux rank {r} context info] rank {r} of 3 over gloo (local {lr}/{ls}, cross "
+              f"{cr}/{cs}); allreduce path gloo" for r, (lr, ls, cr, cs) in enumerate(split)]
+    if said_so:
+        lines.append("[t conflux rank 0 context warn] the hosts have different numbers of ranks")
+    return lines + world_and_results(3, range(3), range(3))
+
+
+SRUN = {"launch": "srun", "tasks": 4}
+SALLOC = {"launch": "salloc-mpirun", "tasks": 4}
 
 
 def test_slurm_correct_runs_pass():
     assert slurmtest.check(slurm_output("gloo"), SRUN) == []
     assert slurmtest.check(slurm_output("mpi"), SALLOC) == []
+    assert slurmtest.check(unequal_output(), dict(SRUN, tasks=3)) == []
 
 
 @pytest.mark.parametrize("output, opts, problem", [
@@ -49,6 +65,8 @@ def test_slurm_correct_runs_pass():
     (slurm_output(world=[1, 2, 3]), SRUN, "from rank(s) [0]"),
     (slurm_output("gloo"), SALLOC, "rank 0: transport gloo, expected mpi"),
     (slurm_output("mpi"), SRUN, "rank 2: transport mpi, expected gloo"),
+    (unequal_output(said_so=False), dict(SRUN, tasks=3), "hosts have different numbers of ranks"),
+    (slurm_output(), dict(SRUN, tasks=3), "a context line names rank 3 of a 3-rank job"),
 ])
 def test_slurm_wrong_runs_fail(output, opts, problem):
     problems = slurmtest.check(output, opts)
