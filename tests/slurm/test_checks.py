@@ -104,3 +104,12 @@ def test_torchrun_correct_run_passes():
 def test_torchrun_wrong_runs_fail(output, problem):
     problems = torchrun_hosts.check(output, TORCHRUN)
     assert any(problem in p for p in problems), problems
+
+
+def test_slurm_skips_naming_what_is_missing(monkeypatch, tmp_path, capsys):
+    """No Slurm programs on the path: exit 77 naming each missing one and its package."""
+    monkeypatch.setattr(slurmtest, "LOGIN_PATH", str(tmp_path))
+    monkeypatch.delenv("CFXHOSTS_AGENT", raising=False)
+    assert slurmtest.main(["--launch", "srun", "--", "/bin/true"]) == slurmtest.SKIP
+    out = capsys.readouterr().out
+    assert "SKIP: not installed: munged (munge), mungekey (munge), slurmctld (slurmctld)" in out
