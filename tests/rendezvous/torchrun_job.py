@@ -7,6 +7,7 @@ Prints "torchrun_job: rank R of N ok" (or the failures) and exits 0 only when ev
         torchrun_job.py N
 """
 import os
+import socket
 import sys
 
 import torch
@@ -18,6 +19,9 @@ def main():
     want = int(sys.argv[1])
     cfx.init()
     r, n = cfx.rank(), cfx.size()
+    # Where torchrun put this rank, for a driver that checks placement across hosts.
+    print(f"torchrun_job: rank {r} on {socket.gethostname()} group {os.environ.get('GROUP_RANK')} "
+          f"local {cfx.local_rank()}/{cfx.local_size()}", flush=True)
     failures = []
     if n != want or r != int(os.environ["RANK"]):
         failures.append(f"world rank {r} of {n}; torchrun says {os.environ['RANK']} of {want}")
