@@ -5,10 +5,16 @@ the survivors must re-form the world, roll back to their last commit, and finish
 final weights must equal the fixed-world reference computed here over the same batches (float
 rounding apart), and the member killed must have written none.
 
-    test_elastic_examples.py NP KILL_RANK -- command args...
+    test_elastic_examples.py kill NP KILL_RANK -- command args...
+    test_elastic_examples.py below_min NP -- command args...
 
-NP workers start (-np NP --min-np NP-1); the worker of rank KILL_RANK dies at epoch 1, batch 3,
-after a commit at batch 2 (so a survivor that did not roll back would apply batch 2 twice).
+kill: NP workers start (-np NP --min-np NP-1); the worker of rank KILL_RANK dies at epoch 1,
+batch 3, after a commit at batch 2 (so a survivor that did not roll back would apply batch 2
+twice).
+below_min: NP workers start with a minimum of NP, as cfxrun --elastic would start them (its
+documented worker environment, docs/elastic.md) but without its driver, which would end the job
+itself; the last rank dies, and the survivors' reform must fail within the round's deadline with
+the language's membership-change error naming the member missing, and no survivor may finish.
 """
 import glob
 import math
@@ -85,10 +91,7 @@ def read_result(path):
     return fields
 
 
-def main():
-    if len(sys.argv) < 5 or sys.argv[3] != "--":
-        sys.exit(__doc__)
-    np_, kill_rank, command = int(sys.argv[1]), int(sys.argv[2]), sys.argv[4:]
+def run_kill(np_, kill_rank, command):
     hosts = "localhost:%d,127.0.0.1:1" % (np_ - 1)
     tmp = tempfile.mkdtemp(prefix="cfx-elastic-examples-")
     out = os.path.join(tmp, "result")
@@ -123,6 +126,63 @@ def main():
         print("member %d: weights equal the reference (largest difference %.2g); training again "
               "%.2f s after the lost worker died" % (m, max(abs(a - b) for a, b in zip(w, want)),
                                                      (resumed - lost_ms) / 1000.0))
+
+
+# The membership-change error as each language reports an uncaught one.
+MEMBERSHIP_ERRORS = ("org.conflux.MembershipChangedException", "conflux: membership_changed:")
+ROUND_TIMEOUT_S, SETTLE_S = 10, 2
+
+
+def run_below_min(np_, command):
+    tmp = tempfile.mkdtemp(prefix="cfx-elastic-examples-")
+    out = os.path.join(tmp, "result")
+    store = os.path.join(tmp, "store")
+    os.mkdir(store)
+    dead = np_ - 1
+    procs = []
+    t0 = time.monotonic()
+    for wid in range(np_):
+        env = dict(os.environ, CFX_ELASTIC="1", CFX_ELASTIC_ID=str(wid), CFX_TRANSPORT="gloo",
+                   CFX_RANK=str(wid), CFX_SIZE=str(np_), CFX_RENDEZVOUS_DIR=store,
+                   CFX_ELASTIC_MIN_SIZE=str(np_), CFX_ELASTIC_TIMEOUT_S=str(ROUND_TIMEOUT_S),
+                   CFX_ELASTIC_SETTLE_S=str(SETTLE_S), CFX_TRANSPORT_TIMEOUT_S="20",
+                   ELASTIC_KILL="%d:%d:%d" % (dead, KILL_EPOCH, KILL_BATCH), ELASTIC_OUT=out)
+        procs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outputs = [p.communicate(timeout=240)[0] for p in procs]
+    elapsed = time.monotonic() - t0
+    for wid, (p, text) in enumerate(zip(procs, outputs)):
+        print("---- member %d (status %s)\n%s" % (wid, p.returncode, text[-3000:]))
+    check(procs[dead].returncode == -9, "member %d was to SIGKILL itself; it ended with %s"
+          % (dead, procs[dead].returncode))
+    for wid in range(dead):
+        text = outputs[wid]
+        check(procs[wid].returncode not in (0, None), "member %d went on below the minimum %d"
+              % (wid, np_))
+        lines = [l for l in text.splitlines() if any(m in l for m in MEMBERSHIP_ERRORS)]
+        check(lines, "member %d did not end with the membership-change error" % wid)
+        missing = "id %d (rank %d)" % (dead, dead)  # the engine's text: member id, its old rank
+        check(missing in lines[0], "member %d's error does not name the member missing (%s): %s"
+              % (wid, missing, lines[0]))
+        print("member %d ended with: %s" % (wid, lines[0].strip()))
+    check(not glob.glob(out + ".[0-9]*"), "a member below the minimum wrote a result")
+    # every process started, trained to the failure and gave up: the round's deadline plus starts
+    check(elapsed < 120, "below the minimum took %.0f s to fail" % elapsed)
+    print("below the minimum: every survivor failed after %.1f s in all" % elapsed)
+
+
+def main():
+    argv = sys.argv[1:]
+    if "--" not in argv or argv[0] not in ("kill", "below_min"):
+        sys.exit(__doc__)
+    sep = argv.index("--")
+    head, command = argv[1:sep], argv[sep + 1:]
+    if argv[0] == "kill" and len(head) == 2:
+        run_kill(int(head[0]), int(head[1]), command)
+    elif argv[0] == "below_min" and len(head) == 1:
+        run_below_min(int(head[0]), command)
+    else:
+        sys.exit(__doc__)
     print("passed")
 
 
