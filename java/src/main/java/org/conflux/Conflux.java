@@ -73,10 +73,7 @@ public final class Conflux implements AutoCloseable {
          * {@link #init(Options)} naming it.
          */
         public Options set(String name, double value) {
-            if (name == null) {
-                throw new IllegalArgumentException("Conflux: init option name is null");
-            }
-            byName.put(name, value);
+            putOption(byName, "init", name, value);
             return this;
         }
 
@@ -227,6 +224,14 @@ public final class Conflux implements AutoCloseable {
         return new Conflux(p);
     }
 
+    /** Records option {@code name} of a set of {@code kind} ("init", "reform"); C checks it later. */
+    private static void putOption(Map<String, Double> byName, String kind, String name, double value) {
+        if (name == null) {
+            throw new IllegalArgumentException("Conflux: " + kind + " option name is null");
+        }
+        byName.put(name, value);
+    }
+
     /** The native setter of one option by name (cfxj_init_option, cfxj_reform_option). */
     private interface OptionSetter {
         int set(long options, String name, double value);
@@ -280,10 +285,7 @@ public final class Conflux implements AutoCloseable {
          * that uses the options.
          */
         public ReformOptions set(String name, double value) {
-            if (name == null) {
-                throw new IllegalArgumentException("Conflux: reform option name is null");
-            }
-            byName.put(name, value);
+            putOption(byName, "reform", name, value);
             return this;
         }
 
