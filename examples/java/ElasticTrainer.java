@@ -12,14 +12,21 @@
  * survivor rolls back to its last commit, forms the world again (Conflux.reform), and syncs: the
  * newest commit among the members (an allreduce MAX of the commit counts) is broadcast from the
  * lowest rank holding it, so a newcomer never overwrites the survivors. Training then goes on.
+ * Newcomers (a host the driver's discovery script added) are let in at a commit: when any rank sees
+ * one waiting (Conflux.membershipPending, agreed by an allreduce MAX), all re-form together and
+ * sync, the newcomer receiving the state.
  *
  *   cfxrun --elastic -np 3 --min-np 2 -H localhost:2,127.0.0.1:1 \
  *       java -cp build/java/conflux.jar:build/java/conflux_examples.jar ElasticTrainer
  *
  * Knobs (environment): ELASTIC_KILL="rank:epoch:batch": that rank of the first world SIGKILLs
- * itself at the start of that batch (writing the time to $ELASTIC_OUT.lost first); ELASTIC_OUT: each
- * rank that finishes writes its result to $ELASTIC_OUT.<member id> (size, round, the time it trained
- * again after the last loss, the weights). Exits 1 when the job cannot go on (fewer than the
+ * itself at the start of that batch (writing the time to $ELASTIC_OUT.lost first);
+ * ELASTIC_GROW="hosts-file:line": in the first world rank 0 appends `line` to the discovery
+ * script's hosts file at epoch 1, batch 0, and at the commit after batch 1 the ranks wait (up to
+ * 120 s, agreeing every 0.2 s) for the newcomer the driver starts there (training would otherwise
+ * end before a JVM starts); ELASTIC_OUT: each rank that finishes writes its result to
+ * $ELASTIC_OUT.<member id> (size, round, the time it trained again after the last loss, the
+ * weights). Exits 1 when the job cannot go on (fewer than the
  * minimum) or the ranks' final weights differ.
  */
 import java.io.IOException;
@@ -27,6 +34,7 @@ import java.io.PrintWriter;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Paths;
+import java.nio.file.StandardOpenOption;
 import java.util.Arrays;
 import org.conflux.Conflux;
 import org.conflux.ConfluxException;
@@ -112,9 +120,11 @@ public final class ElasticTrainer {
         }
     }
 
+    static final String[] KILL = System.getenv().getOrDefault("ELASTIC_KILL", "").split(":");
+    static final String[] GROW = System.getenv().getOrDefault("ELASTIC_GROW", "").split(":", 2);
+    static final String OUT = System.getenv("ELASTIC_OUT");
+
     public static void main(String[] args) throws IOException, InterruptedException {
-        String[] kill = System.getenv().getOrDefault("ELASTIC_KILL", "").split(":");
-        String out = System.getenv("ELASTIC_OUT");
         Conflux cfx = Conflux.elasticInit();  // min/max size and deadlines from cfxrun --elastic
         State live = new State();
         State committed = live.copy();
@@ -123,7 +133,7 @@ public final class ElasticTrainer {
             try {
                 sync(cfx, live);
                 committed = live.copy();
-                train(cfx, live, kill, out, committed);
+                train(cfx, live, committed);
                 break;
             } catch (ConfluxException e) {
                 if (!e.worldChanged()) {
@@ -140,7 +150,7 @@ public final class ElasticTrainer {
                         cfx.membershipRound(), cfx.rank(), cfx.size());
             }
         }
-        int status = finish(cfx, live, out, resumedAt);
+        int status = finish(cfx, live, resumedAt);
         cfx.close();
         System.exit(status);
     }
@@ -156,13 +166,13 @@ public final class ElasticTrainer {
     }
 
     /** Runs the remaining batches; commits into {@code committed} every COMMIT_EVERY batches. */
-    static void train(Conflux cfx, State live, String[] kill, String out, State committed)
-            throws IOException, InterruptedException {
+    static void train(Conflux cfx, State live, State committed) throws IOException, InterruptedException {
         double[][] x = new double[ROWS][DIM];
         double[] y = new double[ROWS];
         for (; live.epoch < EPOCHS; live.epoch++, live.batch = 0) {
             while (live.batch < BATCHES) {
-                maybeDie(cfx, kill, out, live.epoch, live.batch);
+                maybeDie(cfx, live.epoch, live.batch);
+                maybeAddHost(cfx, live.epoch, live.batch);
                 batch(live.epoch, live.batch, x, y);
                 double[] g = new double[DIM + 1];
                 for (int i = cfx.rank(); i < ROWS; i += cfx.size()) {
@@ -184,6 +194,12 @@ public final class ElasticTrainer {
                 if (live.batch % COMMIT_EVERY == 0) {
                     live.commits++;
                     copyInto(live, committed);  // (epoch, BATCHES) restores to the next epoch's start
+                    if (newcomersWaiting(cfx, live)) {
+                        cfx.reform();  // every rank together: the newcomers join this round
+                        System.err.printf("member %d: newcomers let in: round %d, rank %d of %d%n",
+                                cfx.memberId(), cfx.membershipRound(), cfx.rank(), cfx.size());
+                        sync(cfx, live);  // they get the state just committed
+                    }
                 }
             }
         }
@@ -196,15 +212,39 @@ public final class ElasticTrainer {
         to.w = from.w.clone();
     }
 
+    /**
+     * Whether newcomers wait to join: what any rank saw, so all ranks decide alike. With the
+     * ELASTIC_GROW knob the ranks wait for theirs at the commit after epoch 1, batch 1.
+     */
+    static boolean newcomersWaiting(Conflux cfx, State live) throws InterruptedException {
+        boolean pace = GROW.length == 2 && cfx.membershipRound() == 1 && live.epoch == 1 && live.batch == 2;
+        long deadline = System.nanoTime() + 120_000_000_000L;
+        while (true) {
+            int[] seen = {cfx.membershipPending()};
+            cfx.allreduce("commit.newcomers", seen, ReduceOp.MAX);
+            if (seen[0] > 0 || !pace || System.nanoTime() > deadline) {
+                return seen[0] > 0;
+            }
+            Thread.sleep(200);
+        }
+    }
+
+    /** The test's new host: ELASTIC_GROW's line goes into the hosts file, once, from rank 0. */
+    static void maybeAddHost(Conflux cfx, int epoch, int b) throws IOException {
+        if (GROW.length == 2 && cfx.membershipRound() == 1 && cfx.rank() == 0 && epoch == 1 && b == 0) {
+            Files.write(Paths.get(GROW[0]), (GROW[1] + "\n").getBytes(StandardCharsets.UTF_8),
+                    StandardOpenOption.APPEND);
+        }
+    }
+
     /** The test's failure: ELASTIC_KILL's rank SIGKILLs itself at its batch, in the first world only. */
-    static void maybeDie(Conflux cfx, String[] kill, String out, int epoch, int b)
-            throws IOException, InterruptedException {
-        if (kill.length != 3 || cfx.membershipRound() != 1 || cfx.rank() != Integer.parseInt(kill[0])
-                || epoch != Integer.parseInt(kill[1]) || b != Integer.parseInt(kill[2])) {
+    static void maybeDie(Conflux cfx, int epoch, int b) throws IOException, InterruptedException {
+        if (KILL.length != 3 || cfx.membershipRound() != 1 || cfx.rank() != Integer.parseInt(KILL[0])
+                || epoch != Integer.parseInt(KILL[1]) || b != Integer.parseInt(KILL[2])) {
             return;
         }
-        if (out != null) {
-            Files.write(Paths.get(out + ".lost"),
+        if (OUT != null) {
+            Files.write(Paths.get(OUT + ".lost"),
                     Long.toString(System.currentTimeMillis()).getBytes(StandardCharsets.UTF_8));
         }
         System.err.printf("member %d: killing myself (SIGKILL) at epoch %d batch %d%n", cfx.memberId(), epoch, b);
@@ -213,12 +253,12 @@ public final class ElasticTrainer {
     }
 
     /** Checks that every rank holds the same weights; writes this rank's result for the test. */
-    static int finish(Conflux cfx, State live, String out, long resumedAt) throws IOException {
+    static int finish(Conflux cfx, State live, long resumedAt) throws IOException {
         double[] lo = cfx.allreduce("final.min", live.w.clone(), ReduceOp.MIN);
         double[] hi = cfx.allreduce("final.max", live.w.clone(), ReduceOp.MAX);
         boolean same = Arrays.equals(lo, live.w) && Arrays.equals(hi, live.w);
-        if (out != null) {
-            try (PrintWriter p = new PrintWriter(Files.newBufferedWriter(Paths.get(out + "." + cfx.memberId())))) {
+        if (OUT != null) {
+            try (PrintWriter p = new PrintWriter(Files.newBufferedWriter(Paths.get(OUT + "." + cfx.memberId())))) {
                 p.printf("size %d%nround %d%nresumed %d%nweights", cfx.size(), cfx.membershipRound(), resumedAt);
                 for (double v : live.w) {
                     p.print(" " + v);  // Double.toString: the shortest text that reads back exactly

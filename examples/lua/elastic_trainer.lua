@@ -10,13 +10,19 @@
 -- collective fails because the world changed (a peer lost: cfx.world_changed(e)), every survivor
 -- rolls back to its last commit, forms the world again (cfx.reform), and syncs: the newest commit
 -- among the members (an allreduce "max" of the commit counts) is broadcast from the lowest rank
--- holding it, so a newcomer never overwrites the survivors. Training then goes on.
+-- holding it, so a newcomer never overwrites the survivors. Training then goes on. Newcomers (a
+-- host the driver's discovery script added) are let in at a commit: when any rank sees one waiting
+-- (cfx.membership_pending, agreed by an allreduce "max"), all re-form together and sync, the
+-- newcomer receiving the state.
 --
 --   LUA_PATH_5_4="build/lua/?.lua;;" LUA_CPATH_5_4="build/lua/?.so;;" \
 --     cfxrun --elastic -np 3 --min-np 2 -H localhost:2,127.0.0.1:1 lua5.4 examples/lua/elastic_trainer.lua
 --
 -- Knobs (environment): ELASTIC_KILL="rank:epoch:batch": that rank of the first world SIGKILLs
--- itself at the start of that batch (writing the time to $ELASTIC_OUT.lost first); ELASTIC_OUT:
+-- itself at the start of that batch (writing the time to $ELASTIC_OUT.lost first);
+-- ELASTIC_GROW="hosts-file:line": in the first world rank 0 appends `line` to the discovery
+-- script's hosts file at epoch 1, batch 0, and at the commit after batch 1 the ranks wait (up to
+-- 120 s, agreeing every 0.2 s) for the newcomer the driver starts there; ELASTIC_OUT:
 -- each rank that finishes writes its result to $ELASTIC_OUT.<member id> (size, round, the time it
 -- trained again after the last loss, the weights). Exits 1 when the job cannot go on (fewer than
 -- the minimum) or the ranks' final weights differ.
@@ -70,6 +76,7 @@ end
 local kill = {}
 for v in (os.getenv("ELASTIC_KILL") or ""):gmatch("[^:]+") do kill[#kill + 1] = math.tointeger(tonumber(v)) end
 local out = os.getenv("ELASTIC_OUT")
+local grow_file, grow_line = (os.getenv("ELASTIC_GROW") or ""):match("^([^:]+):(.+)$")
 
 -- The test's failure: ELASTIC_KILL's rank SIGKILLs itself at its batch, in the first world only.
 local function maybe_die(epoch, b)
@@ -84,6 +91,27 @@ local function maybe_die(epoch, b)
   io.stderr:write(("member %d: killing myself (SIGKILL) at epoch %d batch %d\n"):format(cfx.member_id(), epoch, b))
   os.execute("kill -KILL $PPID")  -- the shell's parent: this Lua process
   os.execute("sleep 60")          -- the signal ends the process before this does
+end
+
+-- The test's new host: ELASTIC_GROW's line goes into the hosts file, once, from rank 0.
+local function maybe_add_host(epoch, b)
+  if grow_file and cfx.membership_round() == 1 and cfx.rank() == 0 and epoch == 1 and b == 0 then
+    local f = assert(io.open(grow_file, "a"))
+    f:write(grow_line, "\n")
+    f:close()
+  end
+end
+
+-- Whether newcomers wait to join: what any rank saw, so all ranks decide alike. With the
+-- ELASTIC_GROW knob the ranks wait for theirs at the commit after epoch 1, batch 1.
+local function newcomers_waiting(live)
+  local pace = grow_file and cfx.membership_round() == 1 and live.epoch == 1 and live.batch == 2
+  local deadline = cfx.clock() + 120
+  while true do
+    local seen = cfx.allreduce({ cfx.membership_pending() }, { op = "max", dtype = "int32", name = "commit.newcomers" })[1]
+    if seen > 0 or not pace or cfx.clock() > deadline then return seen > 0 end
+    os.execute("sleep 0.2")
+  end
 end
 
 -- Every member takes the newest commit among them, from the lowest rank that holds it.
@@ -106,6 +134,7 @@ local function train(live, committed)
   while live.epoch < EPOCHS do
     while live.batch < BATCHES do
       maybe_die(live.epoch, live.batch)
+      maybe_add_host(live.epoch, live.batch)
       local x, y = batch(live.epoch, live.batch)
       local w = live.w
       g:fill(0)
@@ -122,6 +151,12 @@ local function train(live, committed)
       if live.batch % COMMIT_EVERY == 0 then
         live.commits = live.commits + 1
         committed.state = copy(live)  -- (epoch, BATCHES) restores to the next epoch's start
+        if newcomers_waiting(live) then
+          cfx.reform()  -- every rank together: the newcomers join this round
+          io.stderr:write(("member %d: newcomers let in: round %d, rank %d of %d\n"):format(cfx.member_id(),
+            cfx.membership_round(), cfx.rank(), cfx.size()))
+          sync(live)  -- they get the state just committed
+        end
       end
     end
     live.epoch, live.batch = live.epoch + 1, 0

@@ -7,6 +7,7 @@ rounding apart), and the member killed must have written none.
 
     test_elastic_examples.py kill NP KILL_RANK -- command args...
     test_elastic_examples.py below_min NP -- command args...
+    test_elastic_examples.py grow NP -- command args...
 
 kill: NP workers start (-np NP --min-np NP-1); the worker of rank KILL_RANK dies at epoch 1,
 batch 3, after a commit at batch 2 (so a survivor that did not roll back would apply batch 2
@@ -15,6 +16,10 @@ below_min: NP workers start with a minimum of NP, as cfxrun --elastic would star
 documented worker environment, docs/elastic.md) but without its driver, which would end the job
 itself; the last rank dies, and the survivors' reform must fail within the round's deadline with
 the language's membership-change error naming the member missing, and no survivor may finish.
+grow: NP workers start on localhost (-np NP --max-np NP+1, a host discovery script reading a hosts
+file); at epoch 1 rank 0 adds 127.0.0.1:1 to the file (the example's ELASTIC_GROW knob), the
+driver starts a newcomer there, the ranks let it in at a commit and sync it; all NP+1 must finish
+with the reference weights, the newcomer's from the state it was sent.
 """
 import glob
 import math
@@ -174,9 +179,44 @@ def run_below_min(np_, command):
     print("below the minimum: every survivor failed after %.1f s in all" % elapsed)
 
 
+def run_grow(np_, command):
+    tmp = tempfile.mkdtemp(prefix="cfx-elastic-examples-")
+    out = os.path.join(tmp, "result")
+    hosts = os.path.join(tmp, "hosts")
+    with open(hosts, "w") as f:
+        f.write("localhost:%d\n" % np_)
+    script = os.path.join(tmp, "discover.sh")
+    with open(script, "w") as f:
+        f.write("#!/bin/sh\ncat %s\n" % hosts)
+    os.chmod(script, 0o755)
+    env = dict(os.environ, ELASTIC_GROW="%s:127.0.0.1:1" % hosts, ELASTIC_OUT=out,
+               CFX_TRANSPORT_TIMEOUT_S="20")
+    args = [sys.executable, CFXRUN, "--elastic", "-np", str(np_), "--min-np", str(np_),
+            "--max-np", str(np_ + 1), "--host-discovery-script", script] + command
+    print("running: " + " ".join(args))
+    t0 = time.monotonic()
+    p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=240)
+    print("the job took %.1f s" % (time.monotonic() - t0))
+    sys.stdout.write(p.stdout[-6000:])
+    sys.stdout.write(p.stderr[-6000:])
+    check(p.returncode == 0, "the job failed (status %d)" % p.returncode)
+    members = sorted(int(path.rsplit(".", 1)[1]) for path in glob.glob(out + ".[0-9]*"))
+    check(members == list(range(np_ + 1)), "results from members %s, expected %s (the newcomer is "
+          "member %d)" % (members, list(range(np_ + 1)), np_))
+    want = reference()
+    for m in members:
+        r = read_result("%s.%d" % (out, m))
+        w = [float(v) for v in r["weights"]]
+        check(int(r["size"][0]) == np_ + 1, "member %d finished in a world of %s ranks, not %d"
+              % (m, r["size"][0], np_ + 1))
+        check(len(w) == DIM + 1 and all(abs(a - b) <= 1e-9 for a, b in zip(w, want)),
+              "member %d's final weights %s differ from the fixed-world reference %s" % (m, w, want))
+    print("members %s finished in a world of %d with the reference weights" % (members, np_ + 1))
+
+
 def main():
     argv = sys.argv[1:]
-    if "--" not in argv or argv[0] not in ("kill", "below_min"):
+    if "--" not in argv or argv[0] not in ("kill", "below_min", "grow"):
         sys.exit(__doc__)
     sep = argv.index("--")
     head, command = argv[1:sep], argv[sep + 1:]
@@ -184,6 +224,8 @@ def main():
         run_kill(int(head[0]), int(head[1]), command)
     elif argv[0] == "below_min" and len(head) == 1:
         run_below_min(int(head[0]), command)
+    elif argv[0] == "grow" and len(head) == 1:
+        run_grow(int(head[0]), command)
     else:
         sys.exit(__doc__)
     print("passed")
