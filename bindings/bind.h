@@ -6,9 +6,9 @@
  *   plain call for the common case keeps its error messages those of cfx_allreduce_async);
  * - the blocking call (cfx_bind_run): submit, wait (all of it, or a first slice), release;
  * - waiting in slices (cfx_bind_wait_sliced), for a binding that must look at signals between them;
- * - init options set by name (cfx_bind_init_option) and compressions named by string
- *   (cfx_bind_compression_code), so that every language accepts the same names and reports a bad
- *   one with the same message.
+ * - init and reform options set by name (cfx_bind_init_option, cfx_bind_reform_option) and
+ *   compressions named by string (cfx_bind_compression_code), so that every language accepts the
+ *   same names and reports a bad one with the same message.
  * Header-only (static inline) on the public ABI alone: each binding's module compiles it, as C or
  * as C++. A binding keeps only what is its language's: converting its objects, raising its errors.
  */
@@ -143,64 +143,83 @@ static inline const char *cfx_bind_compression_list(char *buf, size_t size)
     return buf;
 }
 
-/* The fields of cfx_init_options that a binding sets by name (version is the binding's own). */
+/* A field of an options struct that a binding sets by name (the struct's version is the
+ * binding's own): cfx_init_options (cfx_bind_init_fields) and cfx_reform_options
+ * (cfx_bind_reform_fields) share one setter, so every language checks both alike. */
 enum { CFX_BIND_OPT_INT32, CFX_BIND_OPT_INT64, CFX_BIND_OPT_DOUBLE };
-typedef struct cfx_bind_init_field {
+typedef struct cfx_bind_field {
     const char *name;
     int type;
     size_t offset;
-} cfx_bind_init_field;
+} cfx_bind_field;
+typedef cfx_bind_field cfx_bind_init_field;
 
-#define CFX_BIND_INIT_FIELD(field, type)                                                           \
-    { #field, type, offsetof(cfx_init_options, field) }
-static const cfx_bind_init_field cfx_bind_init_fields[] = {
-    CFX_BIND_INIT_FIELD(transport, CFX_BIND_OPT_INT32),
-    CFX_BIND_INIT_FIELD(fusion_threshold_bytes, CFX_BIND_OPT_INT64),
-    CFX_BIND_INIT_FIELD(cycle_time_ms, CFX_BIND_OPT_DOUBLE),
-    CFX_BIND_INIT_FIELD(cache_capacity, CFX_BIND_OPT_INT64),
-    CFX_BIND_INIT_FIELD(log_level, CFX_BIND_OPT_INT32),
-    CFX_BIND_INIT_FIELD(deterministic, CFX_BIND_OPT_INT32),
-    CFX_BIND_INIT_FIELD(stall_warning_s, CFX_BIND_OPT_DOUBLE),
-    CFX_BIND_INIT_FIELD(stall_timeout_s, CFX_BIND_OPT_DOUBLE),
-    CFX_BIND_INIT_FIELD(chunk_bytes, CFX_BIND_OPT_INT64),
+#define CFX_BIND_FIELD(st, field, type)                                                            \
+    { #field, type, offsetof(st, field) }
+static const cfx_bind_field cfx_bind_init_fields[] = {
+    CFX_BIND_FIELD(cfx_init_options, transport, CFX_BIND_OPT_INT32),
+    CFX_BIND_FIELD(cfx_init_options, fusion_threshold_bytes, CFX_BIND_OPT_INT64),
+    CFX_BIND_FIELD(cfx_init_options, cycle_time_ms, CFX_BIND_OPT_DOUBLE),
+    CFX_BIND_FIELD(cfx_init_options, cache_capacity, CFX_BIND_OPT_INT64),
+    CFX_BIND_FIELD(cfx_init_options, log_level, CFX_BIND_OPT_INT32),
+    CFX_BIND_FIELD(cfx_init_options, deterministic, CFX_BIND_OPT_INT32),
+    CFX_BIND_FIELD(cfx_init_options, stall_warning_s, CFX_BIND_OPT_DOUBLE),
+    CFX_BIND_FIELD(cfx_init_options, stall_timeout_s, CFX_BIND_OPT_DOUBLE),
+    CFX_BIND_FIELD(cfx_init_options, chunk_bytes, CFX_BIND_OPT_INT64),
 };
-#undef CFX_BIND_INIT_FIELD
 #define CFX_BIND_INIT_FIELD_COUNT (sizeof cfx_bind_init_fields / sizeof cfx_bind_init_fields[0])
+
+/* The fields of cfx_reform_options (elastic worlds, docs/elastic.md). */
+static const cfx_bind_field cfx_bind_reform_fields[] = {
+    CFX_BIND_FIELD(cfx_reform_options, min_size, CFX_BIND_OPT_INT32),
+    CFX_BIND_FIELD(cfx_reform_options, max_size, CFX_BIND_OPT_INT32),
+    CFX_BIND_FIELD(cfx_reform_options, timeout_s, CFX_BIND_OPT_DOUBLE),
+    CFX_BIND_FIELD(cfx_reform_options, settle_s, CFX_BIND_OPT_DOUBLE),
+};
+#undef CFX_BIND_FIELD
+#define CFX_BIND_REFORM_FIELD_COUNT (sizeof cfx_bind_reform_fields / sizeof cfx_bind_reform_fields[0])
+
+/* The index of field `name` among fields[0..count), or -1 when there is none. */
+static inline int cfx_bind_field_index(const cfx_bind_field *fields, size_t count, const char *name)
+{
+    for (size_t i = 0; name != NULL && i < count; i++)
+        if (strcmp(fields[i].name, name) == 0) return (int)i;
+    return -1;
+}
 
 /* The index of init option `name` in cfx_bind_init_fields, or -1 when there is none. */
 static inline int cfx_bind_init_option_index(const char *name)
 {
-    for (size_t i = 0; name != NULL && i < CFX_BIND_INIT_FIELD_COUNT; i++)
-        if (strcmp(cfx_bind_init_fields[i].name, name) == 0) return (int)i;
-    return -1;
+    return cfx_bind_field_index(cfx_bind_init_fields, CFX_BIND_INIT_FIELD_COUNT, name);
 }
 
-/* Sets init option `name` of `o` (filled by cfx_init_options_init) to `value`. Every option takes
+/* Sets field `name` of the struct at `base` (its fields[0..count)) to `value`. Every field takes
  * a number >= 0, a whole one unless the field is a double (a binding passes true/false as 1/0).
  * CFX_ERR_INVALID_ARGUMENT with a message in `msg` for an unknown name (listing the known ones) or
- * a bad value (naming the option and the value). */
-static inline cfx_status cfx_bind_init_option(cfx_init_options *o, const char *name, double value,
-                                              char *msg, size_t msg_size)
+ * a bad value (naming the option and the value; `kind`, "init" or "reform", starts that message). */
+static inline cfx_status cfx_bind_set_field(void *base, const cfx_bind_field *fields, size_t count,
+                                            const char *kind, const char *name, double value,
+                                            char *msg, size_t msg_size)
 {
-    int i = cfx_bind_init_option_index(name);
-    const cfx_bind_init_field *f;
+    int i = cfx_bind_field_index(fields, count, name);
+    const cfx_bind_field *f;
     char *field;
     if (i < 0) {
         size_t n = (size_t)snprintf(msg, msg_size, "unknown option '%s' (known:", name ? name : "(null)");
-        for (size_t k = 0; k < CFX_BIND_INIT_FIELD_COUNT && n < msg_size; k++)
-            n += (size_t)snprintf(msg + n, msg_size - n, " %s", cfx_bind_init_fields[k].name);
+        for (size_t k = 0; k < count && n < msg_size; k++)
+            n += (size_t)snprintf(msg + n, msg_size - n, " %s", fields[k].name);
         if (n < msg_size) snprintf(msg + n, msg_size - n, ")");
         return CFX_ERR_INVALID_ARGUMENT;
     }
-    f = &cfx_bind_init_fields[i];
+    f = &fields[i];
     if (!(value >= 0) || isinf(value) ||
         (f->type != CFX_BIND_OPT_DOUBLE && (value != floor(value) || value > 9.0e15)) ||
         (f->type == CFX_BIND_OPT_INT32 && value > 2147483647.0)) {
-        snprintf(msg, msg_size, "init option %s must be a%s number >= 0, not %g", name,
+        snprintf(msg, msg_size, "%s option %s must be a%s number >= 0, not %g", kind, name,
                  f->type == CFX_BIND_OPT_DOUBLE ? "" : " whole", value);
         return CFX_ERR_INVALID_ARGUMENT;
     }
-    field = (char *)o + f->offset;
+    field = (char *)base + f->offset;
     if (f->type == CFX_BIND_OPT_INT32) {
         int32_t v = (int32_t)value;
         memcpy(field, &v, sizeof v);
@@ -211,6 +230,23 @@ static inline cfx_status cfx_bind_init_option(cfx_init_options *o, const char *n
         memcpy(field, &value, sizeof value);
     }
     return CFX_OK;
+}
+
+/* Sets init option `name` of `o` (filled by cfx_init_options_init) to `value` (cfx_bind_set_field). */
+static inline cfx_status cfx_bind_init_option(cfx_init_options *o, const char *name, double value,
+                                              char *msg, size_t msg_size)
+{
+    return cfx_bind_set_field(o, cfx_bind_init_fields, CFX_BIND_INIT_FIELD_COUNT, "init", name,
+                              value, msg, msg_size);
+}
+
+/* Sets reform option `name` (min_size, max_size, timeout_s, settle_s) of `o` (filled by
+ * cfx_reform_options_init) to `value` (cfx_bind_set_field). */
+static inline cfx_status cfx_bind_reform_option(cfx_reform_options *o, const char *name,
+                                                double value, char *msg, size_t msg_size)
+{
+    return cfx_bind_set_field(o, cfx_bind_reform_fields, CFX_BIND_REFORM_FIELD_COUNT, "reform",
+                              name, value, msg, msg_size);
 }
 
 #endif /* CFX_BIND_H */

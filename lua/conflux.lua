@@ -162,22 +162,94 @@ end
 --- cfx.init([opts]) joins the job (collective across ranks). opts: transport ("auto", "mpi",
 -- "local"), fusion_threshold_bytes, cycle_time_ms, cache_capacity, log_level, deterministic
 -- (boolean), stall_warning_s, stall_timeout_s, chunk_bytes. Unset fields come from CFX_* variables.
-function M.init(opts)
-  if ctx then raise(1, "conflux is already initialized", 2) end
-  local byname = {}  -- set by name in C (bindings/bind.h), the transport as its code
+-- SWIG hands C ints to Lua as floats; ranks and sizes are integers.
+local function int(x) return math.tointeger(x) or x end
+
+-- The init options as C sets them by name (bindings/bind.h), the transport as its code.
+local function init_options(opts, level)
+  if ctx then raise(1, "conflux is already initialized", level + 1) end
+  if opts ~= nil and type(opts) ~= "table" then argerror("init options must be a table", level + 1) end
+  local byname = {}
   for k, v in pairs(opts or {}) do byname[k] = v end
   if byname.transport ~= nil then
     byname.transport = TRANSPORT[opts.transport]
-    if not byname.transport then argerror("unknown transport " .. tostring(opts.transport), 2) end
+    if not byname.transport then argerror("unknown transport " .. tostring(opts.transport), level + 1) end
   end
-  local c, st, msg = core.init(byname)
+  return byname
+end
+
+function M.init(opts)
+  local c, st, msg = core.init(init_options(opts, 2))
   if not c then raise(st, msg, 2) end
   ctx = c
   return M
 end
 
--- SWIG hands C ints to Lua as floats; ranks and sizes are integers.
-local function int(x) return math.tointeger(x) or x end
+-- ---- elastic worlds (docs/elastic.md) ------------------------------------------------------------
+
+local function reform_options(opts, level)
+  if opts ~= nil and type(opts) ~= "table" then argerror("reform options must be a table", level + 1) end
+  return opts
+end
+
+--- cfx.elastic_init([reform_opts [, init_opts]]) joins an elastic job (cfxrun --elastic;
+-- cfx_elastic_init): the first membership round not yet decided, so a process started late joins
+-- the running job at its next round. reform_opts: min_size, max_size (0: no limit), timeout_s
+-- (the round's deadline), settle_s; unset ones come from the CFX_ELASTIC_* variables cfxrun
+-- --elastic gives its workers. init_opts as for cfx.init. Returns the module, as cfx.init does.
+function M.elastic_init(ropts, opts)
+  local byname = init_options(opts, 2)
+  local c, st, msg = core.elastic_init(reform_options(ropts, 2), byname)
+  if not c then raise(st, msg, 2) end
+  ctx = c
+  return M
+end
+
+--- cfx.reform([reform_opts]) (also ctx:reform{...} on the module init returned) forms the elastic
+-- world again, in place (cfx_context_reform): on every surviving rank after a collective failed
+-- with an error for which cfx.world_changed(e) is true, or on every rank together to let
+-- newcomers in (cfx.membership_pending()). Pending collectives of the old world fail first (kind
+-- "membership_changed", or the "peer_lost" that ended it); cfx.rank() and cfx.size() give the new
+-- world's afterwards. Gradient sets of the old world are left detached: free them and make them
+-- again. Raises "membership_changed" naming the members missing when fewer than min_size came by
+-- the deadline: the job cannot go on here.
+function M.reform(self_or_opts, opts)
+  if self_or_opts ~= M then opts = self_or_opts end
+  local c = context(2)
+  local ok, st, msg = core.reform(c, reform_options(opts, 2))
+  if not ok then raise(st, msg, 2) end
+  return M
+end
+
+local WORLD_CHANGED = { peer_lost = true, transport = true, shut_down = true, membership_changed = true }
+
+--- True when `e` is a conflux error saying the world this rank was in is gone (kinds peer_lost,
+-- transport, shut_down, membership_changed): in an elastic job the survivors cfx.reform() and
+-- go on.
+function M.world_changed(e)
+  return M.is_error(e) and WORLD_CHANGED[e.kind] == true
+end
+
+local function elastic_query(fn, level)
+  local v = int(core[fn](context(level + 1)))
+  if v < 0 then raise(C "CFX_ERR_UNSUPPORTED", core.cfx_last_error(), level + 1) end
+  return v
+end
+
+--- The membership round this world was formed in (1 for the first world).
+function M.membership_round() return elastic_query("cfx_membership_round", 2) end
+
+--- This process's member id in the elastic job (CFX_ELASTIC_ID): it keeps it across rounds.
+function M.member_id() return elastic_query("cfx_member_id", 2) end
+
+--- How many newcomers wait to join the next round: a local look at the store, so ranks may see
+-- different counts; agree with a collective (an allreduce "max") before reforming together.
+function M.membership_pending()
+  local n, st, msg = core.membership_pending(context(2))
+  if not n then raise(st, msg, 2) end
+  return n
+end
+
 
 function M.is_initialized() return ctx ~= nil end
 function M.is_running() return ctx ~= nil and int(core.cfx_is_running(ctx)) == 1 end

@@ -110,6 +110,15 @@
 %ignore cfx_gradset_free;
 /* Subset contexts: cfxj_subset (the ranks as an int[]). */
 %ignore cfx_context_create_subset;
+/* Elastic worlds: the options by name (cfxj_reform_option), cfxj_elastic_init, cfxj_reform and
+ * cfxj_membership_pending (an out-parameter); cfx_membership_round and cfx_member_id are wrapped
+ * as they are. */
+%ignore CFX_REFORM_OPTIONS_VERSION;
+%ignore cfx_reform_options;
+%ignore cfx_reform_options_init;
+%ignore cfx_elastic_init;
+%ignore cfx_context_reform;
+%ignore cfx_membership_pending;
 
 /* ---- Helpers ------------------------------------------------------------------------------ */
 
@@ -204,6 +213,60 @@ cfx_context *cfxj_init(int64_t options) {
         return NULL;
     }
     return ctx;
+}
+
+/* Reform options set by name, as the init options above: cfxj_reform_options() makes a set filled
+ * with the defaults (cfx_reform_options_init: CFX_ELASTIC_* or built-in), cfxj_reform_option()
+ * sets one (the status, the message in cfxj_run_message()); cfxj_elastic_init() and cfxj_reform()
+ * use a set and free it. */
+int64_t cfxj_reform_options(void) {
+    cfx_reform_options *o = malloc(sizeof *o);
+    cfx_status s = o ? cfx_reform_options_init(o, CFX_REFORM_OPTIONS_VERSION) : CFX_ERR_OUT_OF_MEMORY;
+    if (s != CFX_OK) {
+        free(o);
+        cfxj_set_status(s);
+        return 0;
+    }
+    return (int64_t)(intptr_t)o;
+}
+
+int cfxj_reform_option(int64_t options, const char *name, double value) {
+    char msg[512];
+    cfx_status s = cfx_bind_reform_option(cfxj_ptr(options), name, value, msg, sizeof msg);
+    if (s != CFX_OK) cfxj_set_message(msg);
+    return (int)s;
+}
+
+/* cfx_elastic_init with both sets, which it frees; NULL on failure, after recording the status. */
+cfx_context *cfxj_elastic_init(int64_t options, int64_t reform_options) {
+    cfx_context *ctx = NULL;
+    cfx_status s = cfx_elastic_init(cfxj_ptr(options), cfxj_ptr(reform_options), &ctx);
+    free(cfxj_ptr(options));
+    free(cfxj_ptr(reform_options));
+    if (s != CFX_OK) {
+        cfxj_set_status(s);
+        return NULL;
+    }
+    return ctx;
+}
+
+/* cfx_context_reform with the set, which it frees. Returns the status (message in
+ * cfx_last_error()). */
+int cfxj_reform(cfx_context *ctx, int64_t reform_options) {
+    cfx_status s = cfx_context_reform(ctx, cfxj_ptr(reform_options));
+    free(cfxj_ptr(reform_options));
+    return (int)s;
+}
+
+/* cfx_membership_pending: the newcomers waiting, or -1 after recording the status. */
+int cfxj_membership_pending(cfx_context *ctx) {
+    int n = 0;
+    cfx_status s = cfx_membership_pending(ctx, &n);
+    if (s != CFX_OK) {
+        cfxj_set_status(s);
+        return -1;
+    }
+    return n;
 }
 
 /* The cfx_compression named `name` (any case), or -1 (bindings/bind.h). */

@@ -58,6 +58,14 @@
 %ignore cfx_gradset_wait;
 %ignore cfx_gradset_free;
 %ignore cfx_context_create_subset; /* the subset native below */
+/* elastic worlds: elastic_init, reform and membership_pending below (options by name, an
+ * out-parameter); cfx_membership_round and cfx_member_id are wrapped as they are */
+%ignore CFX_REFORM_OPTIONS_VERSION;
+%ignore cfx_reform_options;
+%ignore cfx_reform_options_init;
+%ignore cfx_elastic_init;
+%ignore cfx_context_reform;
+%ignore cfx_membership_pending;
 
 %{
 #include <limits.h>
@@ -418,6 +426,50 @@ static int cfxl_compression_names(lua_State *L) {
 
 /* ---- context ---- */
 
+/* Sets the fields of the struct at `base` (fields[0..count): bind.h) from the table at `idx` (nil:
+ * none), by name: numbers >= 0, true/false for 1/0. CFX_OK, or the status with the message in
+ * `msg` naming the option (`kind`: "init", "reform"). */
+static cfx_status cfxl_set_options(lua_State *L, int idx, void *base, const cfx_bind_field *fields,
+                                   size_t count, const char *kind, char *msg, size_t msg_size) {
+    if (lua_isnoneornil(L, idx)) return CFX_OK;
+    luaL_checktype(L, idx, LUA_TTABLE);
+    lua_pushnil(L);
+    while (lua_next(L, idx) != 0) {
+        double v;
+        cfx_status s;
+        if (lua_type(L, -2) != LUA_TSTRING) {
+            lua_pop(L, 2);
+            snprintf(msg, msg_size, "%s option names must be strings", kind);
+            return CFX_ERR_INVALID_ARGUMENT;
+        }
+        if (lua_isboolean(L, -1)) {
+            v = lua_toboolean(L, -1) ? 1.0 : 0.0;
+        } else if (lua_isnumber(L, -1)) {
+            v = (double)lua_tonumber(L, -1);
+        } else {
+            snprintf(msg, msg_size, "%s option %s must be a number, not %s", kind,
+                     lua_tostring(L, -2), luaL_typename(L, -1));
+            lua_pop(L, 2);
+            return CFX_ERR_INVALID_ARGUMENT;
+        }
+        s = cfx_bind_set_field(base, fields, count, kind, lua_tostring(L, -2), v, msg, msg_size);
+        lua_pop(L, 1);
+        if (s != CFX_OK) {
+            lua_pop(L, 1);
+            return s;
+        }
+    }
+    return CFX_OK;
+}
+
+/* The context made by a call that returned `s` (pass the context only after that call: the
+ * order of a call's arguments is unspecified). */
+static int cfxl_push_ctx(lua_State *L, cfx_status s, cfx_context *ctx) {
+    if (s != CFX_OK) return cfxl_fail_last(L, s);
+    SWIG_NewPointerObj(L, ctx, SWIGTYPE_p_cfx_context, 0);
+    return 1;
+}
+
 /* init(options) -> ctx | nil, status, message. options: nil or a table of cfx_init_options fields
  * by name (cfx_bind_init_option: numbers >= 0, true/false for 1/0; the transport as its code). */
 static int cfxl_init(lua_State *L) {
@@ -426,30 +478,62 @@ static int cfxl_init(lua_State *L) {
     char msg[512];
     cfx_status s = cfx_init_options_init(&o, CFX_INIT_OPTIONS_VERSION);
     if (s != CFX_OK) return cfxl_fail_last(L, s);
-    if (!lua_isnoneornil(L, 1)) {
-        luaL_checktype(L, 1, LUA_TTABLE);
-        lua_pushnil(L);
-        while (lua_next(L, 1) != 0) {
-            double v;
-            if (lua_type(L, -2) != LUA_TSTRING)
-                return cfxl_fail(L, CFX_ERR_INVALID_ARGUMENT, "init option names must be strings");
-            if (lua_isboolean(L, -1)) {
-                v = lua_toboolean(L, -1) ? 1.0 : 0.0;
-            } else if (lua_isnumber(L, -1)) {
-                v = (double)lua_tonumber(L, -1);
-            } else {
-                lua_pushfstring(L, "init option %s must be a number, not %s", lua_tostring(L, -2),
-                                luaL_typename(L, -1));
-                return cfxl_fail(L, CFX_ERR_INVALID_ARGUMENT, lua_tostring(L, -1));
-            }
-            s = cfx_bind_init_option(&o, lua_tostring(L, -2), v, msg, sizeof msg);
-            if (s != CFX_OK) return cfxl_fail(L, s, msg);
-            lua_pop(L, 1);
-        }
-    }
+    s = cfxl_set_options(L, 1, &o, cfx_bind_init_fields, CFX_BIND_INIT_FIELD_COUNT, "init", msg, sizeof msg);
+    if (s != CFX_OK) return cfxl_fail(L, s, msg);
     s = cfx_init(&o, &ctx);
+    return cfxl_push_ctx(L, s, ctx);
+}
+
+/* The reform options of the table at idx (nil: the defaults, CFX_ELASTIC_* or built-in) into *o;
+ * CFX_OK or the status, the message in msg. */
+static cfx_status cfxl_reform_options(lua_State *L, int idx, cfx_reform_options *o, char *msg,
+                                      size_t msg_size) {
+    cfx_status s = cfx_reform_options_init(o, CFX_REFORM_OPTIONS_VERSION);
+    if (s != CFX_OK) {
+        snprintf(msg, msg_size, "%s", cfx_last_error());
+        return s;
+    }
+    return cfxl_set_options(L, idx, o, cfx_bind_reform_fields, CFX_BIND_REFORM_FIELD_COUNT, "reform",
+                            msg, msg_size);
+}
+
+/* elastic_init(reform_options, init_options) -> ctx | nil, status, message (cfx_elastic_init):
+ * reform_options a table of cfx_reform_options fields by name (min_size, max_size, timeout_s,
+ * settle_s), init_options as for init; either may be nil. */
+static int cfxl_elastic_init(lua_State *L) {
+    cfx_init_options io;
+    cfx_reform_options ro;
+    cfx_context *ctx = NULL;
+    char msg[512];
+    cfx_status s = cfx_init_options_init(&io, CFX_INIT_OPTIONS_VERSION);
     if (s != CFX_OK) return cfxl_fail_last(L, s);
-    SWIG_NewPointerObj(L, ctx, SWIGTYPE_p_cfx_context, 0);
+    s = cfxl_reform_options(L, 1, &ro, msg, sizeof msg);
+    if (s == CFX_OK)
+        s = cfxl_set_options(L, 2, &io, cfx_bind_init_fields, CFX_BIND_INIT_FIELD_COUNT, "init", msg, sizeof msg);
+    if (s != CFX_OK) return cfxl_fail(L, s, msg);
+    s = cfx_elastic_init(&io, &ro, &ctx);
+    return cfxl_push_ctx(L, s, ctx);
+}
+
+/* reform(ctx, reform_options) -> true | nil, status, message (cfx_context_reform). */
+static int cfxl_reform(lua_State *L) {
+    cfx_context *ctx = cfxl_ctx(L, 1);
+    cfx_reform_options ro;
+    char msg[512];
+    cfx_status s = cfxl_reform_options(L, 2, &ro, msg, sizeof msg);
+    if (s != CFX_OK) return cfxl_fail(L, s, msg);
+    s = cfx_context_reform(ctx, &ro);
+    if (s != CFX_OK) return cfxl_fail_last(L, s);
+    lua_pushboolean(L, 1);
+    return 1;
+}
+
+/* membership_pending(ctx) -> n | nil, status, message (cfx_membership_pending). */
+static int cfxl_membership_pending(lua_State *L) {
+    int n = 0;
+    cfx_status s = cfx_membership_pending(cfxl_ctx(L, 1), &n);
+    if (s != CFX_OK) return cfxl_fail_last(L, s);
+    lua_pushinteger(L, n);
     return 1;
 }
 
@@ -955,6 +1039,9 @@ static int cfxl_address(lua_State *L) {
 %native(is_array) int cfxl_is_array(lua_State *L);
 %native(init) int cfxl_init(lua_State *L);
 %native(subset) int cfxl_subset(lua_State *L);
+%native(elastic_init) int cfxl_elastic_init(lua_State *L);
+%native(reform) int cfxl_reform(lua_State *L);
+%native(membership_pending) int cfxl_membership_pending(lua_State *L);
 %native(allreduce) int cfxl_allreduce(lua_State *L);
 %native(run) int cfxl_run(lua_State *L);
 %native(compression_names) int cfxl_compression_names(lua_State *L);

@@ -73,10 +73,7 @@ public final class Conflux implements AutoCloseable {
          * {@link #init(Options)} naming it.
          */
         public Options set(String name, double value) {
-            if (name == null) {
-                throw new IllegalArgumentException("Conflux: init option name is null");
-            }
-            byName.put(name, value);
+            putOption(byName, "init", name, value);
             return this;
         }
 
@@ -185,12 +182,13 @@ public final class Conflux implements AutoCloseable {
     private static final double CLOSE_WAIT_SECONDS = 30.0;
 
     private volatile long ctx;
-    private final int rank;
-    private final int size;
-    private final int localRank;
-    private final int localSize;
-    private final int crossRank;
-    private final int crossSize;
+    /* The world's shape, read at init and again after each reform (an elastic world's changes). */
+    private volatile int rank;
+    private volatile int size;
+    private volatile int localRank;
+    private volatile int localSize;
+    private volatile int crossRank;
+    private volatile int crossSize;
     /** Handles not yet observed complete: they keep their data reachable. */
     private final Set<Handle<?>> pending = ConcurrentHashMap.newKeySet();
     /** Pending handles the user closed: released by the next sweep once complete. */
@@ -200,12 +198,16 @@ public final class Conflux implements AutoCloseable {
 
     private Conflux(long ctx) {
         this.ctx = ctx;
-        rank = ConfluxNative.cfx_rank(ctx);
-        size = ConfluxNative.cfx_size(ctx);
-        localRank = ConfluxNative.cfx_local_rank(ctx);
-        localSize = ConfluxNative.cfx_local_size(ctx);
-        crossRank = ConfluxNative.cfx_cross_rank(ctx);
-        crossSize = ConfluxNative.cfx_cross_size(ctx);
+        readWorld(ctx);
+    }
+
+    private void readWorld(long p) {
+        rank = ConfluxNative.cfx_rank(p);
+        size = ConfluxNative.cfx_size(p);
+        localRank = ConfluxNative.cfx_local_rank(p);
+        localSize = ConfluxNative.cfx_local_size(p);
+        crossRank = ConfluxNative.cfx_cross_rank(p);
+        crossSize = ConfluxNative.cfx_cross_size(p);
     }
 
     /** Joins the job with default options (collective across ranks). */
@@ -215,22 +217,188 @@ public final class Conflux implements AutoCloseable {
 
     /** Joins the job (collective across ranks). */
     public static Conflux init(Options o) {
-        long opts = ConfluxNative.cfxj_init_options();
+        long p = ConfluxNative.cfxj_init(initOptions(o));  // frees them
+        if (p == 0) {
+            throw lastError();
+        }
+        return new Conflux(p);
+    }
+
+    /** Records option {@code name} of a set of {@code kind} ("init", "reform"); C checks it later. */
+    private static void putOption(Map<String, Double> byName, String kind, String name, double value) {
+        if (name == null) {
+            throw new IllegalArgumentException("Conflux: " + kind + " option name is null");
+        }
+        byName.put(name, value);
+    }
+
+    /** The native setter of one option by name (cfxj_init_option, cfxj_reform_option). */
+    private interface OptionSetter {
+        int set(long options, String name, double value);
+    }
+
+    /** Sets each option of {@code byName} on the native set {@code opts}; frees it on a bad one. */
+    private static long setByName(long opts, Map<String, Double> byName, OptionSetter setter) {
         if (opts == 0) {
             throw lastError();
         }
-        for (Map.Entry<String, Double> e : o.byName.entrySet()) {
-            int st = ConfluxNative.cfxj_init_option(opts, e.getKey(), e.getValue());
+        for (Map.Entry<String, Double> e : byName.entrySet()) {
+            int st = setter.set(opts, e.getKey(), e.getValue());
             if (st != cfx_status.CFX_OK) {
                 ConfluxNative.cfxj_free(opts);
                 throw ConfluxException.of(st, "Conflux: " + ConfluxNative.cfxj_run_message());
             }
         }
-        long p = ConfluxNative.cfxj_init(opts);  // frees opts
+        return opts;
+    }
+
+    private static long initOptions(Options o) {
+        if (o == null) {
+            throw new IllegalArgumentException("Conflux: init options are null");
+        }
+        return setByName(ConfluxNative.cfxj_init_options(), o.byName, ConfluxNative::cfxj_init_option);
+    }
+
+    private static long reformOptions(ReformOptions o) {
+        if (o == null) {
+            throw new IllegalArgumentException("Conflux: reform options are null");
+        }
+        return setByName(ConfluxNative.cfxj_reform_options(), o.byName, ConfluxNative::cfxj_reform_option);
+    }
+
+    // ---- elastic worlds (docs/elastic.md) ------------------------------------------------------------
+
+    /**
+     * Options of a membership round ({@code cfx_reform_options}) for {@link #elasticInit} and
+     * {@link #reform(ReformOptions)}. Anything not set comes from the {@code CFX_ELASTIC_*}
+     * variables that {@code cfxrun --elastic} gives its workers, else the defaults (min 1, no max,
+     * a 60 s deadline, 10 s settle time).
+     */
+    public static final class ReformOptions {
+        /** The options set, by their cfx_reform_options field names: C sets them by name. */
+        final Map<String, Double> byName = new LinkedHashMap<>();
+
+        /**
+         * Sets the {@code cfx_reform_options} field {@code name} ("min_size", "max_size",
+         * "timeout_s", "settle_s") to {@code value}, a number &gt;= 0 (whole for the sizes). An
+         * unknown name or a bad value throws an IllegalArgumentException naming it from the call
+         * that uses the options.
+         */
+        public ReformOptions set(String name, double value) {
+            putOption(byName, "reform", name, value);
+            return this;
+        }
+
+        /** Fewest ranks the world may have: fewer by the deadline fails the round. */
+        public ReformOptions minSize(int v) {
+            return set("min_size", v);
+        }
+
+        /** Most ranks (0: no limit); newcomers past it wait for a later round. */
+        public ReformOptions maxSize(int v) {
+            return set("max_size", v);
+        }
+
+        /** The deadline of a round. */
+        public ReformOptions timeoutSeconds(double v) {
+            return set("timeout_s", v);
+        }
+
+        /** How long a round waits for a member of the previous world nobody reported gone. */
+        public ReformOptions settleSeconds(double v) {
+            return set("settle_s", v);
+        }
+    }
+
+    /** {@link #elasticInit(Options, ReformOptions)} with the defaults. */
+    public static Conflux elasticInit() {
+        return elasticInit(new Options(), new ReformOptions());
+    }
+
+    /** {@link #elasticInit(Options, ReformOptions)} with the default init options. */
+    public static Conflux elasticInit(ReformOptions reform) {
+        return elasticInit(new Options(), reform);
+    }
+
+    /**
+     * Joins an elastic job ({@code cfxrun --elastic}; {@code cfx_elastic_init}): the first
+     * membership round not yet decided, so a process started late joins the running job at its
+     * next round. The world runs over Gloo. {@link #reform(ReformOptions)} forms it again after a
+     * rank was lost.
+     *
+     * @throws ConfluxException with {@link Status#CONFIG} outside an elastic job (no store),
+     *         {@link MembershipChangedException} when the round could not gather the minimum
+     */
+    public static Conflux elasticInit(Options init, ReformOptions reform) {
+        long ro = reformOptions(reform);
+        long io;
+        try {
+            io = initOptions(init);
+        } catch (RuntimeException e) {
+            ConfluxNative.cfxj_free(ro);
+            throw e;
+        }
+        long p = ConfluxNative.cfxj_elastic_init(io, ro);  // frees both
         if (p == 0) {
             throw lastError();
         }
         return new Conflux(p);
+    }
+
+    /** {@link #reform(ReformOptions)} with the defaults. */
+    public void reform() {
+        reform(new ReformOptions());
+    }
+
+    /**
+     * Forms this elastic context's world again, in place ({@code cfx_context_reform}): call it on
+     * every surviving rank after a collective failed with an exception whose
+     * {@link ConfluxException#worldChanged()} is true, or on every rank together to let newcomers
+     * in ({@link #membershipPending()}). Every collective still pending fails first with
+     * {@link MembershipChangedException} (or the {@link PeerLostException} that ended the world);
+     * {@link #rank()}, {@link #size()} and the rest give the new world's afterwards. Gradient sets
+     * of the old world are left detached: close them and create them again. Like {@link #init()}
+     * and {@link #close()} it belongs to one thread, with no other call of this context running.
+     *
+     * @throws MembershipChangedException when fewer than the minimum came by the deadline (the
+     *         message names the members missing): the job cannot go on here
+     * @throws ConfluxException with {@link Status#UNSUPPORTED} for a context not made by
+     *         {@link #elasticInit}
+     */
+    public synchronized void reform(ReformOptions options) {
+        long p = ptr();
+        check(ConfluxNative.cfxj_reform(p, reformOptions(options)));  // frees the options
+        readWorld(p);
+    }
+
+    /** The membership round this world was formed in (1 for the first world). */
+    public int membershipRound() {
+        int r = ConfluxNative.cfx_membership_round(ptr());
+        if (r < 0) {
+            throw ConfluxException.of(cfx_status.CFX_ERR_UNSUPPORTED, ConfluxNative.cfx_last_error());
+        }
+        return r;
+    }
+
+    /** This process's member id in the elastic job ({@code CFX_ELASTIC_ID}): it keeps it across rounds. */
+    public int memberId() {
+        int id = ConfluxNative.cfx_member_id(ptr());
+        if (id < 0) {
+            throw ConfluxException.of(cfx_status.CFX_ERR_UNSUPPORTED, ConfluxNative.cfx_last_error());
+        }
+        return id;
+    }
+
+    /**
+     * How many newcomers wait to join the next round: a local look at the store, so ranks may see
+     * different counts; agree with a collective (an allreduce MAX) before reforming together.
+     */
+    public int membershipPending() {
+        int n = ConfluxNative.cfxj_membership_pending(ptr());
+        if (n < 0) {
+            throw lastError();
+        }
+        return n;
     }
 
     /**

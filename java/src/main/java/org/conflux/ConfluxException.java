@@ -6,7 +6,8 @@ package org.conflux;
  * Subclasses cover the cases a trainer may want to handle: {@link MismatchException},
  * {@link StallException}, {@link PeerLostException}, {@link ShutDownException},
  * {@link DuplicateNameException}, {@link TransportException}, {@link JoinedException},
- * {@link TimeoutException}. Bad local arguments are {@link IllegalArgumentException}s instead.
+ * {@link TimeoutException}, {@link MembershipChangedException}. Bad local arguments are
+ * {@link IllegalArgumentException}s instead.
  */
 public class ConfluxException extends RuntimeException {
     private static final long serialVersionUID = 1L;
@@ -36,6 +37,16 @@ public class ConfluxException extends RuntimeException {
         return statusName;
     }
 
+    /**
+     * True when the failure means that the world this rank was in is gone (a peer lost, the
+     * transport broken, a shutdown, or the membership changed): in an elastic job
+     * ({@link Conflux#elasticInit}) the survivors go on after {@link Conflux#reform()}.
+     */
+    public boolean worldChanged() {
+        return status == Status.PEER_LOST || status == Status.TRANSPORT || status == Status.SHUT_DOWN
+                || status == Status.MEMBERSHIP_CHANGED;
+    }
+
     /** Maps a C status and message to the Java exception a caller sees. */
     static RuntimeException of(int code, String message) {
         Status s = Status.of(code);
@@ -61,6 +72,8 @@ public class ConfluxException extends RuntimeException {
                 return new JoinedException(message);
             case TIMEOUT:
                 return new TimeoutException(message);
+            case MEMBERSHIP_CHANGED:
+                return new MembershipChangedException(message);
             default:
                 String name = ConfluxNative.cfx_status_name(code);
                 return new ConfluxException(s, name != null ? name : s.name(),
