@@ -12,7 +12,9 @@ hosts file at epoch 1, batch 0 (and the ranks wait for the newcomer's hello at b
 ELASTIC_OUT: rank 0 writes the final parameters and sizes seen there, the times (time.time()) of
 each reset and of the first step after it; with ELASTIC_OUT, the failing host writes when it
 failed to ELASTIC_OUT.lost, rank 0 when it added the host to ELASTIC_OUT.added, and a newcomer
-when it finished its first step to ELASTIC_OUT.joined."""
+when it finished its first step to ELASTIC_OUT.joined. ELASTIC_OPTIMIZER=distributed trains with
+hvd.DistributedOptimizer (its gradient sets formed again with each world) instead of an allreduce of
+the gradient in the loop."""
 import json
 import os
 import signal
@@ -40,6 +42,9 @@ model = torch.nn.Linear(DIM, 1, bias=False).double()
 with torch.no_grad():
     model.weight.zero_()
 optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+distributed = os.environ.get("ELASTIC_OPTIMIZER") == "distributed"
+if distributed:
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
 state = hvd.elastic.TorchState(model, optimizer, epoch=0, batch=0)
 sizes = []
 reset_times = []
@@ -100,7 +105,8 @@ def train(state):
             optimizer.zero_grad()
             loss = ((model(x[mine]).squeeze(1) - y[mine]) ** 2).mean()
             loss.backward()
-            hvd.allreduce_(model.weight.grad, op=hvd.Average, name="grad")
+            if not distributed:
+                hvd.allreduce_(model.weight.grad, op=hvd.Average, name="grad")
             optimizer.step()
             if len(trained_times) < len(reset_times):
                 trained_times.append(time.time())

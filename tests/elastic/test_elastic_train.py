@@ -7,6 +7,9 @@ The second host is the one that fails, goes silent (its link pulled: cfxhosts on
 
     test_elastic_train.py [--hosts FIRST,SECOND] kill|raise|silent|grow|below_min|silent_below_min|all_fail
 
+MODE_optimizer (kill_optimizer, grow_optimizer, ...) trains with hvd.DistributedOptimizer, as most
+Horovod elastic scripts do (ELASTIC_OPTIMIZER=distributed), instead of an allreduce in the loop.
+
 Lines "elastic-time: NAME SECONDS" give what was measured (bench/elastic_hosts.py reads them).
 """
 import json
@@ -38,8 +41,12 @@ def reference():
     return w
 
 
+EXTRA_ENV = {}  # what the mode adds to every run's environment
+
+
 def run(args, env_extra, timeout=240):
     env = dict(os.environ)
+    env.update(EXTRA_ENV)
     env["CFX_TRANSPORT_TIMEOUT_S"] = "20"
     env.update(env_extra)
     t0 = time.monotonic()
@@ -97,6 +104,9 @@ def main():
         first, second = argv[1].split(",")
         argv = argv[2:]
     mode = argv[0] if argv else "(none)"
+    if mode.endswith("_optimizer"):
+        mode = mode[:-len("_optimizer")]
+        EXTRA_ENV["ELASTIC_OPTIMIZER"] = "distributed"
     tmp = tempfile.mkdtemp(prefix="cfx-elastic-test-")
     out = os.path.join(tmp, "final.json")
     want = reference()
