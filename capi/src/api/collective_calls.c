@@ -252,22 +252,32 @@ cfx_status cfx_grouped_reducescatter_async(cfx_context *ctx, const char *name, s
     return submit_group(ctx, &a, out);
 }
 
-cfx_status cfx_broadcast_async(cfx_context *ctx, const char *name, const cfx_tensor *tensor,
-                               int root_rank, cfx_handle *out)
+/* The start of a one-tensor collective (broadcast, alltoall): the context and name checks, the
+ * tensor's name (*tname, malloc'd: the caller frees it on failure), its label in `what`
+ * (CX_API_NAME_MAX + 16 bytes) and the tensor's checks (*bytes gets its size). */
+static cfx_status begin_single(cfx_context *ctx, const char *fn, int coll, const char *prefix,
+                               const char *name, const cfx_tensor *t, cfx_handle *out,
+                               char **tname, char *what, size_t *bytes)
 {
-    const char *fn = "cfx_broadcast_async";
     cfx_status st = cx_api_check_context(fn, ctx, out);
     if (!st)
         st = cx_api_check_name(fn, name);
     if (st)
         return st;
-    char *tname = cx_api_make_name(ctx, CX_BROADCAST, "broadcast", name);
-    if (!tname)
+    if (!(*tname = cx_api_make_name(ctx, coll, prefix, name)))
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-    char what[CX_API_NAME_MAX + 16];
-    snprintf(what, sizeof what, "tensor '%s'", tname);
+    snprintf(what, CX_API_NAME_MAX + 16, "tensor '%s'", *tname);
+    return cx_api_check_tensor(ctx, fn, what, t, bytes);
+}
+
+cfx_status cfx_broadcast_async(cfx_context *ctx, const char *name, const cfx_tensor *tensor,
+                               int root_rank, cfx_handle *out)
+{
+    const char *fn = "cfx_broadcast_async";
+    char *tname = NULL, what[CX_API_NAME_MAX + 16];
     size_t bytes = 0;
-    st = cx_api_check_tensor(ctx, fn, what, tensor, &bytes);
+    cfx_status st = begin_single(ctx, fn, CX_BROADCAST, "broadcast", name, tensor, out, &tname,
+                                 what, &bytes);
     if (!st && (root_rank < 0 || root_rank >= ctx->size))
         st = cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: %s: root rank %d is outside 0..%d", fn, what,
                      root_rank, ctx->size - 1);
@@ -286,19 +296,15 @@ cfx_status cfx_alltoall_async(cfx_context *ctx, const char *name, const cfx_tens
                               const int64_t *splits, size_t nsplits, cfx_handle *out)
 {
     const char *fn = "cfx_alltoall_async";
-    cfx_status st = cx_api_check_context(fn, ctx, out);
-    if (!st)
-        st = cx_api_check_name(fn, name);
-    if (st)
-        return st;
-    char *tname = cx_api_make_name(ctx, CX_ALLTOALL, "alltoall", name);
-    if (!tname)
-        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
-    char what[CX_API_NAME_MAX + 16];
-    snprintf(what, sizeof what, "tensor '%s'", tname);
+    char *tname = NULL, what[CX_API_NAME_MAX + 16];
     size_t bytes = 0;
-    st = cx_api_check_tensor(ctx, fn, what, input, &bytes);
-    if (!st && input->ndim == 0)
+    cfx_status st = begin_single(ctx, fn, CX_ALLTOALL, "alltoall", name, input, out, &tname, what,
+                                 &bytes);
+    if (st) {
+        free(tname);
+        return st;
+    }
+    if (input->ndim == 0)
         st = cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: %s: a scalar (ndim 0) cannot be split", fn, what);
     int size = ctx->size;
     int64_t *own = NULL;

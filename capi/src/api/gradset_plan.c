@@ -21,6 +21,26 @@
  * batch (engine/gradset.c), so the cut costs nothing there. */
 #define FIRST_BUCKET_BYTES ((size_t)1 << 20)
 
+/* Item `i` of the set: one allreduce, in place, of `elements` elements at `data` (a bucket's block
+ * or one gradient's buffer), with the set's op, scales and compression. */
+static void set_item(cfx_gradset *s, size_t i, char *name, int32_t dtype, int32_t device,
+                     size_t elements, void *data, size_t bytes)
+{
+    cx_response *it = &s->items[i];
+    it->name = name; /* the set's item_names own it */
+    it->coll = CX_ALLREDUCE;
+    it->dtype = (uint8_t)dtype;
+    it->op = (uint8_t)s->op;
+    it->device = device;
+    it->ndim = 1;
+    it->shape[0] = (int64_t)elements;
+    it->prescale = s->prescale;
+    it->postscale = s->postscale;
+    it->compression = s->compression;
+    s->entries[i].input = s->entries[i].output = data;
+    s->entries[i].bytes = bytes;
+}
+
 cfx_status cx_gradset_plan(cfx_gradset *s, const cx_gradset_reg *order, uint32_t count)
 {
     cx_strmap local;
@@ -126,39 +146,11 @@ cfx_status cx_gradset_plan(cfx_gradset *s, const cx_gradset_reg *order, uint32_t
             cx_grad *g = canon[k];
             if (s->owned)
                 g->data = (char *)bk->data + g->offset;
-            if (per_grad) { /* one item per gradient: its own memory */
-                cx_response *it = &s->items[item];
-                it->name = bname;
-                it->coll = CX_ALLREDUCE;
-                it->dtype = (uint8_t)g->dtype;
-                it->op = (uint8_t)s->op;
-                it->device = g->device;
-                it->ndim = 1;
-                it->shape[0] = (int64_t)g->elements;
-                it->prescale = s->prescale;
-                it->postscale = s->postscale;
-                it->compression = s->compression;
-                s->entries[item].input = s->entries[item].output = g->data;
-                s->entries[item].bytes = g->bytes;
-                item++;
-            }
+            if (per_grad) /* one item per gradient: its own memory */
+                set_item(s, item++, bname, g->dtype, g->device, g->elements, g->data, g->bytes);
         }
-        if (!per_grad) {
-            cx_response *it = &s->items[item];
-            it->name = bname;
-            it->coll = CX_ALLREDUCE;
-            it->dtype = (uint8_t)bk->dtype;
-            it->op = (uint8_t)s->op;
-            it->device = bk->device;
-            it->ndim = 1;
-            it->shape[0] = (int64_t)bk->elements;
-            it->prescale = s->prescale;
-            it->postscale = s->postscale;
-            it->compression = s->compression;
-            s->entries[item].input = s->entries[item].output = bk->data;
-            s->entries[item].bytes = bk->bytes;
-            item++;
-        }
+        if (!per_grad)
+            set_item(s, item++, bname, bk->dtype, bk->device, bk->elements, bk->data, bk->bytes);
         bk->nitems = item - bk->first_item;
     }
     for (size_t i = 0; i < s->nitems; i++) {
