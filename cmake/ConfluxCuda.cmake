@@ -81,7 +81,8 @@ if(CONFLUX_WITH_CUDA_ENABLED)
   conflux_resolve(CONFLUX_WITH_NCCL "${_cfx_nccl_ok}" "NCCL (nccl.h and libnccl)")
 
   set(_cfx_src ${CMAKE_CURRENT_LIST_DIR}/../capi/src)
-  add_library(conflux_cuda STATIC ${_cfx_src}/cuda/cuda_kernels.cu)
+  # The kernels need nvcc; the runtime wrappers around them are plain C.
+  add_library(conflux_cuda STATIC ${_cfx_src}/cuda/cuda_kernels.cu ${_cfx_src}/cuda/cuda_wrappers.c)
   if(CONFLUX_WITH_NCCL_ENABLED)
     target_sources(conflux_cuda PRIVATE ${_cfx_src}/cuda/nccl_transport.c)
     target_include_directories(conflux_cuda SYSTEM PRIVATE ${NCCL_INCLUDE_DIR})

@@ -140,7 +140,7 @@ static int threaded_calls(cfx_context *ctx, int rank, int size, void *arg)
 }
 
 /* A rank that has bound a device leaves every cycle to the background thread (loop.h): waits
- * still complete. The binding is what api.c records for the first device tensor. */
+ * still complete. The binding is what api/submit.c records for the first device tensor. */
 static int device_bound_calls(cfx_context *ctx, int rank, int size, void *arg)
 {
     (void)arg;

@@ -28,7 +28,7 @@ from collections import defaultdict
 
 from .model import OVERFLOW_LANE
 
-GRADSET_LANES = r"\.bucket[0-9]+$"  # capi/src/api/gradset.c: "<set>.bucket<k>"
+GRADSET_LANES = r"\.bucket[0-9]+$"  # capi/src/api/gradset_plan.c: "<set>.bucket<k>"
 
 
 def step_slack(cmax):

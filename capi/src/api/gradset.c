@@ -2,14 +2,8 @@
  * gradset (api) - the cfx_gradset_* entry points: options, registration, and the collective
  * commit: every rank's registration is gathered (two allgathers on the context), checked against
  * rank 0's on every rank alike (so a mismatch fails everywhere with the same message), and the
- * buckets are planned from rank 0's order, so the plan is identical everywhere. The run-time half
- * (step state, the loop's protocol) is engine/gradset.c.
- *
- * The bucket plan: gradients in reverse registration order (the order backward produces them),
- * cut into buckets of one dtype and device of at most bucket_bytes, the first of at most 1 MiB (a
- * larger gradient is a bucket of its own). Owned storage is one block of shared tensor memory; each bucket is a contiguous,
- * 64-byte aligned range of it, and its gradients lie in it back to back (the framework's gradient
- * buffers are views into it, so a bucket is reduced in place as one segment).
+ * buckets are planned from rank 0's order (api/gradset_plan.h), so the plan is identical
+ * everywhere. The run-time half (step state, the loop's protocol) is engine/gradset.c.
  */
 #include <math.h>
 #include <stddef.h>
@@ -23,18 +17,11 @@
 #include "base/strmap.h"
 #include "engine/context.h"
 #include "engine/gradset.h"
-#include "exec/shared_pool.h"
 #include "kernels/compress.h"
+#include "api/gradset_plan.h"
 #include "protocol/gradset_wire.h"
 #include "protocol/wire.h"
 
-/* The first bucket (the gradients backward produces first) holds at most 1 MiB, as DDP's does: it
- * goes out while backward is still in the last layers, so that the background thread's first batch
- * (an agreement, a pass over the direct path) overlaps with backward instead of waiting for the
- * first full bucket. When every gradient is ready at once, consecutive ready buckets run as one
- * batch (engine/gradset.c), so the cut costs nothing there. */
-#define FIRST_BUCKET_BYTES ((size_t)1 << 20)
-#define NAME_MAX_BYTES 4096
 
 cfx_status cfx_gradset_options_init(cfx_gradset_options *opts, uint32_t version)
 {
@@ -99,7 +86,7 @@ cfx_status cfx_gradset_create(cfx_context *ctx, const char *name, const cfx_grad
 {
     if (!ctx)
         return cx_fail(CFX_ERR_NOT_INITIALIZED, "cfx_gradset_create: context is NULL");
-    if (!out || !name || !*name || strlen(name) > NAME_MAX_BYTES)
+    if (!out || !name || !*name || strlen(name) > CX_GRADSET_NAME_MAX)
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_gradset_create: %s",
                        !out ? "out is NULL" : "name must be a non-empty string of at most 4096 bytes");
     *out = NULL;
@@ -157,7 +144,7 @@ cfx_status cfx_gradset_add(cfx_gradset *set, const char *name, const cfx_tensor 
     cfx_status st = check_set(fn, set, false);
     if (st)
         return st;
-    if (!name || !*name || strlen(name) > NAME_MAX_BYTES || !grad || !out)
+    if (!name || !*name || strlen(name) > CX_GRADSET_NAME_MAX || !grad || !out)
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "%s: set '%s': %s", fn, set->name,
                        !grad ? "grad is NULL" : !out ? "out is NULL"
                        : "the gradient's name must be a non-empty string of at most 4096 bytes");
@@ -184,7 +171,7 @@ cfx_status cfx_gradset_add(cfx_gradset *set, const char *name, const cfx_tensor 
                        cfx_dtype_name((cfx_dtype)grad->dtype),
                        grad->device != CFX_DEVICE_CPU ? " on a CUDA device" : "");
     if (set->compression) {
-        char what[NAME_MAX_BYTES + 16];
+        char what[CX_GRADSET_NAME_MAX + 16];
         snprintf(what, sizeof what, "gradient '%s'", name);
         st = cx_compression_check(fn, what, (cfx_dtype)grad->dtype, (cfx_reduce_op)set->op,
                                   grad->device, set->compression);
@@ -281,7 +268,7 @@ static cfx_status validate(const char *set, reg_grad *const *regs, const uint32_
     cx_strmap index;
     for (int r = 1; r < size; r++) {
         cx_strmap_init(&index);
-        char key[NAME_MAX_BYTES + 1];
+        char key[CX_GRADSET_NAME_MAX + 1];
         for (uint32_t i = 0; i < counts[r]; i++) {
             memcpy(key, regs[r][i].name, regs[r][i].name_len);
             key[regs[r][i].name_len] = '\0';
@@ -334,7 +321,7 @@ static cfx_status gather_registrations(cfx_gradset *s, const void *mine, size_t 
 {
     cfx_context *ctx = s->ctx;
     int size = ctx->size;
-    char name[NAME_MAX_BYTES + 64];
+    char name[CX_GRADSET_NAME_MAX + 64];
     int64_t my_len = (int64_t)len;
     int64_t one = 1, n = (int64_t)len;
     cfx_tensor t_len = {&my_len, &one, 1, CFX_INT64, CFX_DEVICE_CPU, NULL};
@@ -369,159 +356,6 @@ static cfx_status gather_registrations(cfx_gradset *s, const void *mine, size_t 
         *all = NULL;
     }
     return st;
-}
-
-/* Plans buckets from rank 0's order (reversed) and fills the set's items and entries. */
-static cfx_status plan(cfx_gradset *s, const reg_grad *order, uint32_t count)
-{
-    cx_strmap local;
-    cx_strmap_init(&local);
-    for (int32_t i = 0; i < s->ngrads; i++)
-        if (!cx_strmap_put(&local, s->grads[i].name, &s->grads[i])) {
-            cx_strmap_destroy(&local);
-            return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory planning '%s'", s->name);
-        }
-    /* Canonical order: rank 0's, reversed. canon[k] = this rank's gradient. */
-    cx_grad **canon = malloc((count ? count : 1) * sizeof *canon);
-    s->buckets = calloc(count ? count : 1, sizeof *s->buckets);
-    if (!canon || !s->buckets) {
-        free(canon);
-        cx_strmap_destroy(&local);
-        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory planning '%s'", s->name);
-    }
-    char key[NAME_MAX_BYTES + 1];
-    for (uint32_t k = 0; k < count; k++) {
-        const reg_grad *r = &order[count - 1 - k];
-        memcpy(key, r->name, r->name_len);
-        key[r->name_len] = '\0';
-        canon[k] = cx_strmap_get(&local, key); /* validated: present */
-    }
-    cx_strmap_destroy(&local);
-    /* Cut into buckets: the first at most FIRST_BUCKET_BYTES (bucket_bytes if smaller), the others
-     * at most bucket_bytes. */
-    int32_t nb = 0;
-    size_t bytes = 0;
-    size_t first_cap = (size_t)s->bucket_bytes < FIRST_BUCKET_BYTES ? (size_t)s->bucket_bytes
-                                                                    : FIRST_BUCKET_BYTES;
-    for (uint32_t k = 0; k < count; k++) {
-        cx_grad *g = canon[k];
-        cx_bucket *cur = nb ? &s->buckets[nb - 1] : NULL;
-        size_t cap = nb == 1 ? first_cap : (size_t)s->bucket_bytes;
-        bool fits = cur && cur->dtype == g->dtype && cur->device == g->device &&
-                    bytes + g->bytes <= cap;
-        if (!fits) {
-            cur = &s->buckets[nb++];
-            cur->dtype = g->dtype;
-            cur->device = g->device;
-            bytes = 0;
-        }
-        g->bucket = nb - 1;
-        g->offset = bytes;
-        bytes += g->bytes;
-        cur->elements += g->elements;
-        cur->bytes = bytes;
-        cur->ngrads++;
-    }
-    s->nbuckets = nb;
-    /* Items: owned, one per bucket (its block is one segment); borrowed, one per gradient; and
-     * one per gradient for Adasum, whose dot products are per gradient (exec/adasum.h). */
-    bool per_grad = !s->owned || s->op == CFX_OP_ADASUM;
-    s->nitems = per_grad ? count : (size_t)nb;
-    size_t ni = s->nitems ? s->nitems : 1;
-    s->items = calloc(ni, sizeof *s->items);
-    s->entries = calloc(ni, sizeof *s->entries);
-    s->entry_ptrs = calloc(ni, sizeof *s->entry_ptrs);
-    s->no_entries = calloc(ni, sizeof *s->no_entries);
-    size_t name_len = strlen(s->name) + 24;
-    s->item_names = calloc((size_t)(nb ? nb : 1), name_len);
-    if (!s->items || !s->entries || !s->entry_ptrs || !s->no_entries || !s->item_names) {
-        free(canon);
-        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory planning '%s'", s->name);
-    }
-    /* Owned storage: one block, each bucket 64-byte aligned. */
-    size_t total = 0;
-    for (int32_t b = 0; b < nb; b++)
-        total += (s->buckets[b].bytes + 63) & ~(size_t)63;
-    cfx_status st = CFX_OK;
-    if (s->owned && (st = cx_pool_alloc(total, &s->storage))) {
-        free(canon);
-        return st;
-    }
-    if (s->owned && total)
-        memset(s->storage, 0, total);
-    size_t residual_bytes = 0;
-    for (int32_t b = 0; s->error_feedback && b < nb; b++)
-        residual_bytes += s->buckets[b].bytes;
-    if (s->error_feedback && !(s->residual = calloc(1, residual_bytes + 1))) {
-        free(canon);
-        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for the residuals of gradient set "
-                       "'%s' (%zu bytes)", s->name, residual_bytes);
-    }
-    residual_bytes = 0;
-    size_t at = 0, item = 0;
-    uint32_t k = 0;
-    for (int32_t b = 0; b < nb; b++) {
-        cx_bucket *bk = &s->buckets[b];
-        char *bname = s->item_names + (size_t)b * name_len;
-        snprintf(bname, name_len, "%s.bucket%d", s->name, b);
-        bk->first_item = item;
-        if (s->residual) {
-            bk->residual = (char *)s->residual + residual_bytes;
-            residual_bytes += bk->bytes;
-        }
-        if (s->owned) {
-            bk->data = (char *)s->storage + at;
-            at += (bk->bytes + 63) & ~(size_t)63;
-        }
-        for (int32_t j = 0; j < bk->ngrads; j++, k++) {
-            cx_grad *g = canon[k];
-            if (s->owned)
-                g->data = (char *)bk->data + g->offset;
-            if (per_grad) { /* one item per gradient: its own memory */
-                cx_response *it = &s->items[item];
-                it->name = bname;
-                it->coll = CX_ALLREDUCE;
-                it->dtype = (uint8_t)g->dtype;
-                it->op = (uint8_t)s->op;
-                it->device = g->device;
-                it->ndim = 1;
-                it->shape[0] = (int64_t)g->elements;
-                it->prescale = s->prescale;
-                it->postscale = s->postscale;
-                it->compression = s->compression;
-                s->entries[item].input = s->entries[item].output = g->data;
-                s->entries[item].bytes = g->bytes;
-                item++;
-            }
-        }
-        if (!per_grad) {
-            cx_response *it = &s->items[item];
-            it->name = bname;
-            it->coll = CX_ALLREDUCE;
-            it->dtype = (uint8_t)bk->dtype;
-            it->op = (uint8_t)s->op;
-            it->device = bk->device;
-            it->ndim = 1;
-            it->shape[0] = (int64_t)bk->elements;
-            it->prescale = s->prescale;
-            it->postscale = s->postscale;
-            it->compression = s->compression;
-            s->entries[item].input = s->entries[item].output = bk->data;
-            s->entries[item].bytes = bk->bytes;
-            item++;
-        }
-        bk->nitems = item - bk->first_item;
-    }
-    for (size_t i = 0; i < s->nitems; i++) {
-        s->entries[i].req.name = s->items[i].name;
-        s->entries[i].req.dtype = s->items[i].dtype;
-        s->entries[i].req.device = s->items[i].device;
-        s->entries[i].req.ndim = 1;
-        s->entries[i].req.shape[0] = s->items[i].shape[0];
-        s->entry_ptrs[i] = &s->entries[i];
-    }
-    free(canon);
-    return CFX_OK;
 }
 
 cfx_status cfx_gradset_commit(cfx_gradset *set)
@@ -562,7 +396,7 @@ cfx_status cfx_gradset_commit(cfx_gradset *set)
     if (!st)
         st = validate(set->name, regs, counts, size);
     if (!st)
-        st = plan(set, regs[0], counts[0]);
+        st = cx_gradset_plan(set, regs[0], counts[0]);
     if (!st) {
         set->committed = true;
         cx_gradset_reset_step(set);

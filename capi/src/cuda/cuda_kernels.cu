@@ -1,322 +1,17 @@
-/* cuda_kernels - batched pack/unpack, scaling, conversions and stream helpers (see cuda_kernels.h). */
+/* cuda_kernels - the kernels behind cuda_kernels.h: batched pack/unpack with its device
+ * descriptors, scaling, identity fills and float16/bfloat16 conversions. The runtime calls that
+ * launch nothing (devices, memory, streams, events) are plain C in cuda_wrappers.c. */
 #include "cuda/cuda_kernels.h"
 
 #include <cuda_runtime.h>
 
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
-#include <time.h>
 
 extern "C" {
 #include "base/error.h"
 }
-
-/* ---- errors ----------------------------------------------------------------------------------- */
-
-static cfx_status cuda_fail(cudaError_t e, const char *what)
-{
-    return cx_fail(CFX_ERR_CUDA, "%s: %s (%d): %s", what, cudaGetErrorName(e), (int)e,
-                   cudaGetErrorString(e));
-}
-
-#define CUDA_TRY(call)                                                                            \
-    do {                                                                                          \
-        cudaError_t e_ = (call);                                                                  \
-        if (e_ != cudaSuccess)                                                                    \
-            return cuda_fail(e_, #call);                                                          \
-    } while (0)
-
-/* Right before a launch: cudaGetLastError() then holds only what an earlier call left behind. A
- * cudaErrorNotReady from a query is not a failure (and is cleared, so that the launch's own status
- * is its own); anything else is reported as pending, before the launch adds to it. */
-static cfx_status before_launch(const char *what)
-{
-    cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess || e == cudaErrorNotReady)
-        return CFX_OK;
-    return cx_fail(CFX_ERR_CUDA, "a CUDA error was pending before the %s: %s (%d): %s", what,
-                   cudaGetErrorName(e), (int)e, cudaGetErrorString(e));
-}
-
-/* A launch reports a bad configuration at once; errors of the kernel itself surface later on the
- * stream (event query / stream sync). */
-static cfx_status launch_status(const char *what)
-{
-    cudaError_t e = cudaGetLastError();
-    return e == cudaSuccess ? CFX_OK : cuda_fail(e, what);
-}
-
-static bool no_device_error(cudaError_t e)
-{
-    return e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice;
-}
-
-/* ---- devices ---------------------------------------------------------------------------------- */
-
-extern "C" int cx_cuda_device_count(void)
-{
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError(); /* clear it so the next call's status is its own */
-        return 0;
-    }
-    return n > 0 ? n : 0;
-}
-
-extern "C" cfx_status cx_cuda_probe(void)
-{
-    int n = 0;
-    cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        /* 35/100 are the expected answers of a machine without a GPU; any other error also means
-         * no usable device, but is worth naming as such. */
-        return cx_fail(CFX_ERR_CUDA, "%s: cudaGetDeviceCount: %s (%d): %s",
-                       no_device_error(e) ? "no driver or no device" : "CUDA unusable",
-                       cudaGetErrorName(e), (int)e, cudaGetErrorString(e));
-    }
-    if (n <= 0)
-        return cx_fail(CFX_ERR_CUDA, "cudaGetDeviceCount: 0 devices");
-    return CFX_OK;
-}
-
-extern "C" cfx_status cx_cuda_set_device(int device)
-{
-    int cur = -1;
-    if (cudaGetDevice(&cur) == cudaSuccess && cur == device)
-        return CFX_OK;
-    cudaError_t e = cudaSetDevice(device);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        return cx_fail(CFX_ERR_CUDA, "cudaSetDevice(%d): %s (%d): %s", device, cudaGetErrorName(e),
-                       (int)e, cudaGetErrorString(e));
-    }
-    return CFX_OK;
-}
-
-extern "C" cfx_status cx_cuda_device_id(int device, char *out, size_t len)
-{
-    if (!out || len < 2 || len > (size_t)INT32_MAX)
-        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cx_cuda_device_id: bad output buffer");
-    cudaError_t e = cudaDeviceGetPCIBusId(out, (int)len, device);
-    if (e != cudaSuccess) {
-        out[0] = '\0';
-        return cuda_fail(e, "cudaDeviceGetPCIBusId");
-    }
-    return CFX_OK;
-}
-
-extern "C" cfx_status cx_cuda_pointer_device(const void *ptr, int *out)
-{
-    cudaPointerAttributes a;
-    memset(&a, 0, sizeof a);
-    cudaError_t e = cudaPointerGetAttributes(&a, ptr);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        return cuda_fail(e, "cudaPointerGetAttributes");
-    }
-    if (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) {
-        *out = a.device;
-        return CFX_OK;
-    }
-    return cx_fail(CFX_ERR_INVALID_ARGUMENT, "pointer %p is %s memory, not CUDA device memory", ptr,
-                   a.type == cudaMemoryTypeHost ? "page-locked host" : "pageable host");
-}
-
-/* ---- memory ----------------------------------------------------------------------------------- */
-
-extern "C" cfx_status cx_cuda_malloc(size_t bytes, void **out)
-{
-    *out = NULL;
-    cudaError_t e = cudaMalloc(out, bytes ? bytes : 1);
-    if (e == cudaErrorMemoryAllocation) {
-        (void)cudaGetLastError();
-        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "cudaMalloc of %zu bytes: out of device memory", bytes);
-    }
-    return e == cudaSuccess ? CFX_OK : cuda_fail(e, "cudaMalloc");
-}
-
-extern "C" void cx_cuda_free(void *ptr)
-{
-    if (ptr)
-        (void)cudaFree(ptr);
-}
-
-/* Whether the current device has stream-ordered allocation (cudaMallocAsync, CUDA 11.2+). */
-static bool has_memory_pools(void)
-{
-    int dev = 0, pools = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, dev) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
-    }
-    return pools != 0;
-}
-
-extern "C" cfx_status cx_cuda_malloc_async(size_t bytes, void *stream, void **out)
-{
-    *out = NULL;
-    if (!has_memory_pools())
-        return cx_cuda_malloc(bytes, out);
-    cudaError_t e = cudaMallocAsync(out, bytes ? bytes : 1, (cudaStream_t)stream);
-    if (e == cudaErrorMemoryAllocation) {
-        (void)cudaGetLastError();
-        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "cudaMallocAsync of %zu bytes: out of device memory",
-                       bytes);
-    }
-    return e == cudaSuccess ? CFX_OK : cuda_fail(e, "cudaMallocAsync");
-}
-
-extern "C" void cx_cuda_free_async(void *ptr, void *stream)
-{
-    if (!ptr)
-        return;
-    if (!has_memory_pools() || cudaFreeAsync(ptr, (cudaStream_t)stream) != cudaSuccess) {
-        (void)cudaGetLastError();
-        (void)cudaFree(ptr);
-    }
-}
-
-extern "C" cfx_status cx_cuda_host_alloc(size_t bytes, void **out)
-{
-    *out = NULL;
-    cudaError_t e = cudaHostAlloc(out, bytes ? bytes : 1, cudaHostAllocPortable);
-    if (e == cudaErrorMemoryAllocation) {
-        (void)cudaGetLastError();
-        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "cudaHostAlloc of %zu bytes: out of memory", bytes);
-    }
-    return e == cudaSuccess ? CFX_OK : cuda_fail(e, "cudaHostAlloc");
-}
-
-extern "C" void cx_cuda_host_free(void *ptr)
-{
-    if (ptr)
-        (void)cudaFreeHost(ptr);
-}
-
-extern "C" cfx_status cx_cuda_memcpy_async(void *dst, const void *src, size_t bytes, void *stream)
-{
-    if (bytes == 0)
-        return CFX_OK;
-    CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)stream));
-    return CFX_OK;
-}
-
-/* ---- streams and events ----------------------------------------------------------------------- */
-
-extern "C" cfx_status cx_cuda_stream_create(void **out)
-{
-    cudaStream_t s = NULL;
-    CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    *out = s;
-    return CFX_OK;
-}
-
-extern "C" void cx_cuda_stream_destroy(void *stream)
-{
-    if (stream)
-        (void)cudaStreamDestroy((cudaStream_t)stream);
-}
-
-static void backoff(unsigned *spins)
-{
-    if (++*spins < 64)
-        return;
-    struct timespec ts = {0, *spins < 1024 ? 2000 : 50000}; /* 2 us, later 50 us */
-    nanosleep(&ts, NULL);
-}
-
-extern "C" cfx_status cx_cuda_stream_sync(void *stream)
-{
-    unsigned spins = 0;
-    for (;;) {
-        cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
-        if (e == cudaSuccess)
-            return CFX_OK;
-        if (e != cudaErrorNotReady)
-            return cuda_fail(e, "cudaStreamQuery");
-        (void)cudaGetLastError(); /* not an error: the next launch must not report it as its own */
-        backoff(&spins);
-    }
-}
-
-extern "C" bool cx_cuda_stream_is_per_thread(const void *stream)
-{
-    return stream == (const void *)cudaStreamPerThread;
-}
-
-extern "C" cfx_status cx_cuda_record_ready(int device, void *stream, void **out)
-{
-    *out = NULL;
-    int prev = -1;
-    cudaError_t e = cudaGetDevice(&prev);
-    if (e == cudaSuccess && prev != device)
-        e = cudaSetDevice(device);
-    cudaEvent_t ev = NULL;
-    if (e == cudaSuccess)
-        e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-    if (e == cudaSuccess)
-        e = cudaEventRecord(ev, (cudaStream_t)stream);
-    if (prev >= 0 && prev != device)
-        (void)cudaSetDevice(prev);
-    if (e != cudaSuccess) {
-        if (ev)
-            (void)cudaEventDestroy(ev);
-        return cuda_fail(e, "recording a device tensor's ready event on its stream");
-    }
-    *out = ev;
-    return CFX_OK;
-}
-
-extern "C" cfx_status cx_cuda_stream_wait(void *stream, void *event)
-{
-    CUDA_TRY(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0));
-    return CFX_OK;
-}
-
-extern "C" cfx_status cx_cuda_event_create(void **out)
-{
-    cudaEvent_t ev = NULL;
-    CUDA_TRY(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    *out = ev;
-    return CFX_OK;
-}
-
-extern "C" void cx_cuda_event_destroy(void *event)
-{
-    if (event)
-        (void)cudaEventDestroy((cudaEvent_t)event);
-}
-
-extern "C" cfx_status cx_cuda_stream_after(void *consumer, void *producer, void *event)
-{
-    if (consumer == producer)
-        return CFX_OK; /* one stream is already ordered */
-    CUDA_TRY(cudaEventRecord((cudaEvent_t)event, (cudaStream_t)producer));
-    CUDA_TRY(cudaStreamWaitEvent((cudaStream_t)consumer, (cudaEvent_t)event, 0));
-    return CFX_OK;
-}
-
-extern "C" cfx_status cx_cuda_event_record(void *event, void *stream)
-{
-    CUDA_TRY(cudaEventRecord((cudaEvent_t)event, (cudaStream_t)stream));
-    return CFX_OK;
-}
-
-extern "C" cfx_status cx_cuda_event_query(void *event, int *done)
-{
-    cudaError_t e = cudaEventQuery((cudaEvent_t)event);
-    *done = e == cudaSuccess;
-    if (e == cudaSuccess || e == cudaErrorNotReady) {
-        if (e == cudaErrorNotReady)
-            (void)cudaGetLastError();
-        return CFX_OK;
-    }
-    return cuda_fail(e, "cudaEventQuery");
-}
+#include "cuda/cuda_check.h"
 
 /* ---- element semantics (reduce.h), bitwise equal to reduce.c ---------------------------------- */
 
@@ -592,7 +287,7 @@ extern "C" cfx_status cx_cuda_batch_create(cx_cuda_batch **out)
         e = cudaEventCreateWithFlags(&b->uploaded, cudaEventDisableTiming);
     if (e != cudaSuccess) {
         free(b);
-        return cuda_fail(e, "cx_cuda_batch_create");
+        return cx_cuda_fail(e, "cx_cuda_batch_create");
     }
     *out = b;
     return CFX_OK;
@@ -618,7 +313,7 @@ static cfx_status batch_reserve(cx_cuda_batch *b, size_t n, cudaStream_t s)
     while (cap < n)
         cap *= 2;
     if (b->pending) {
-        CUDA_TRY(cudaEventSynchronize(b->uploaded));
+        CX_CUDA_TRY(cudaEventSynchronize(b->uploaded));
         b->pending = false;
     }
     /* The old device array may still be read by a kernel queued on s: freed in stream order (no
@@ -630,7 +325,7 @@ static cfx_status batch_reserve(cx_cuda_batch *b, size_t n, cudaStream_t s)
     b->host = NULL;
     b->dev = NULL;
     b->cap = 0;
-    CUDA_TRY(cudaHostAlloc((void **)&b->host, cap * sizeof *b->host, cudaHostAllocPortable));
+    CX_CUDA_TRY(cudaHostAlloc((void **)&b->host, cap * sizeof *b->host, cudaHostAllocPortable));
     cfx_status st = cx_cuda_malloc_async(cap * sizeof *b->dev, s, (void **)&b->dev);
     if (st)
         return st;
@@ -648,7 +343,7 @@ extern "C" cfx_status cx_cuda_batch_set(cx_cuda_batch *b, const cx_cuda_tensor *
     if (st)
         return st;
     if (b->pending) { /* normally long done: the last upload preceded a whole collective */
-        CUDA_TRY(cudaEventSynchronize(b->uploaded));
+        CX_CUDA_TRY(cudaEventSynchronize(b->uploaded));
         b->pending = false;
     }
     uint64_t chunks = 0, elements = 0, span = 0;
@@ -678,8 +373,8 @@ extern "C" cfx_status cx_cuda_batch_set(cx_cuda_batch *b, const cx_cuda_tensor *
     if (m == 0)
         return CFX_OK;
     cudaStream_t s = (cudaStream_t)stream;
-    CUDA_TRY(cudaMemcpyAsync(b->dev, b->host, (size_t)m * sizeof *b->host, cudaMemcpyHostToDevice, s));
-    CUDA_TRY(cudaEventRecord(b->uploaded, s));
+    CX_CUDA_TRY(cudaMemcpyAsync(b->dev, b->host, (size_t)m * sizeof *b->host, cudaMemcpyHostToDevice, s));
+    CX_CUDA_TRY(cudaEventRecord(b->uploaded, s));
     b->pending = true;
     return CFX_OK;
 }
@@ -698,13 +393,13 @@ static cfx_status batch_run(cx_cuda_batch *b, char *fusion, double scale, void *
     unsigned grid = grid_for(b->chunks);
     float fs = (float)scale;
     int copy = scale == 1.0 && b->dtype != CFX_BOOL; /* bool always normalises to 0/1 */
-    cfx_status st = before_launch(unpack ? "batch unpack launch" : "batch pack launch");
+    cfx_status st = cx_cuda_before_launch(unpack ? "batch unpack launch" : "batch pack launch");
     if (st)
         return st;
 #define RUN(S) batch_kernel<S><<<grid, THREADS, 0, s>>>(b->dev, b->n, b->chunks, fusion, unpack, fs, scale, copy)
     CX_DISPATCH(b->dtype, RUN)
 #undef RUN
-    return launch_status(unpack ? "batch unpack launch" : "batch pack launch");
+    return cx_cuda_launch_status(unpack ? "batch unpack launch" : "batch pack launch");
 }
 
 extern "C" cfx_status cx_cuda_batch_pack(cx_cuda_batch *b, void *fusion, double scale, void *stream)
@@ -741,14 +436,14 @@ extern "C" cfx_status cx_cuda_scale(void *dst, const void *src, size_t count, cf
         return cx_cuda_memcpy_async(dst, src, count * dtype_bytes(dtype), stream);
     unsigned grid = grid_for((count + THREADS - 1) / THREADS);
     float fs = (float)scale;
-    cfx_status st = before_launch("scale launch");
+    cfx_status st = cx_cuda_before_launch("scale launch");
     if (st)
         return st;
 #define RUN(S)                                                                                    \
     scale_kernel<S><<<grid, THREADS, 0, s>>>((S::T *)dst, (const S::T *)src, count, fs, scale)
     CX_DISPATCH(dtype, RUN)
 #undef RUN
-    return launch_status("scale launch");
+    return cx_cuda_launch_status("scale launch");
 }
 
 template <typename T> static void fill(void *buf, size_t count, T v, unsigned grid, cudaStream_t s)
@@ -768,7 +463,7 @@ extern "C" cfx_status cx_cuda_fill_identity(void *buf, size_t count, cfx_dtype d
     int k = op == CFX_OP_MIN ? 1 : op == CFX_OP_MAX ? 2 : op == CFX_OP_PRODUCT ? 3 : 0;
     unsigned grid = grid_for((count + THREADS - 1) / THREADS);
     cudaStream_t s = (cudaStream_t)stream;
-    cfx_status st = before_launch("identity fill launch");
+    cfx_status st = cx_cuda_before_launch("identity fill launch");
     if (st)
         return st;
 #define PICK(zero, top, bottom, one) (k == 0 ? (zero) : k == 1 ? (top) : k == 2 ? (bottom) : (one))
@@ -794,7 +489,7 @@ extern "C" cfx_status cx_cuda_fill_identity(void *buf, size_t count, cfx_dtype d
     case CFX_BOOL: fill<uint8_t>(buf, count, (uint8_t)PICK(0, 1, 0, 1), grid, s); break;
     }
 #undef PICK
-    return launch_status("identity fill launch");
+    return cx_cuda_launch_status("identity fill launch");
 }
 
 /* ---- conversions ------------------------------------------------------------------------------ */
@@ -807,11 +502,11 @@ extern "C" cfx_status cx_cuda_fill_identity(void *buf, size_t count, cfx_dtype d
         if (count == 0)                                                                           \
             return CFX_OK;                                                                        \
         unsigned grid = grid_for((count + THREADS - 1) / THREADS);                                \
-        cfx_status st = before_launch(#fn " launch");                                            \
+        cfx_status st = cx_cuda_before_launch(#fn " launch");                                            \
         if (st)                                                                                   \
             return st;                                                                            \
         kernel<<<grid, THREADS, 0, (cudaStream_t)stream>>>(dst, src, count);                      \
-        return launch_status(#fn " launch");                                                      \
+        return cx_cuda_launch_status(#fn " launch");                                                      \
     }
 
 CX_CONVERT(cx_cuda_f32_to_f16, f32_to_f16_kernel, uint16_t, float)

@@ -22,6 +22,9 @@
  *
  * Called by the context's background thread (execute.c, nccl_transport.c) and by tests/gpu.
  * Stateless apart from cx_cuda_batch, which one thread owns.
+ *
+ * Implemented in two files: the kernels and the batch that feeds them in cuda_kernels.cu (nvcc),
+ * the calls that launch nothing (devices, memory, streams, events) in cuda_wrappers.c (plain C).
  */
 #ifndef CFX_CUDA_KERNELS_H
 #define CFX_CUDA_KERNELS_H

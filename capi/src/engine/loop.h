@@ -1,16 +1,14 @@
 /*
- * loop - the background thread of a context: one negotiation cycle after another.
+ * loop - the background thread of a context, and who runs its negotiation cycles when.
  *
- * A cycle: take the new requests; classify them against the response cache; one AND-allreduce of
- * a bit vector (status bits + cache hits + invalidated bits) tells every rank which cached tensors
- * are ready everywhere and whether anyone has uncached requests, asked to shut down or joined; if
- * so, the slow path gathers the uncached requests at the coordinator and broadcasts its response
- * list; every rank then executes the same ordered list (cached responses by ascending bit, then the
- * coordinator's). The thread sleeps on the queue's condition variable when it has nothing in flight
- * (woken at once by new work, or after the cycle time to take part in other ranks' cycles), backs
- * off when its tensors wait for other ranks, and never spins a core. A shutdown requested on any
- * rank ends the loop on every rank at the same cycle; pending tensors then fail with
- * CFX_ERR_SHUT_DOWN naming the rank(s) that asked.
+ * One cycle (cycle.h) takes the new requests, agrees with every rank through one AND-allreduce of
+ * a bit vector which cached tensors are ready everywhere, runs the slow path through the
+ * coordinator when needed, and executes the same ordered response list on every rank. This module
+ * runs cycle after cycle: the thread sleeps on the queue's condition variable when it has nothing
+ * in flight (woken at once by new work, or after the cycle time to take part in other ranks'
+ * cycles), backs off when its tensors wait for other ranks, and never spins a core. A shutdown
+ * requested on any rank ends the loop on every rank at the same cycle; pending tensors then fail
+ * with CFX_ERR_SHUT_DOWN naming the rank(s) that asked.
  *
  * Cycles are collective but not bound to a thread: a thread that waits for its own work (cfx_wait,
  * cfx_gradset_wait) runs them itself while no other thread does (cx_loop_drive), so a lone
@@ -25,35 +23,9 @@
 #include <stdbool.h>
 
 #include "conflux/conflux.h"
-#include "base/config.h"
-#include "base/log.h"
-#include "protocol/handles.h"
-#include "protocol/queue.h"
-#include "transport/transport.h"
+#include "engine/loop_env.h"
 
 typedef struct cx_loop cx_loop;
-struct cx_timeline;
-
-/* What the loop uses of its owner (the context): passed in, so the loop never reaches into the
- * context's struct. Every pointer stays valid until cx_loop_destroy. */
-typedef struct cx_loop_env {
-    cx_config *cfg;                /* the loop writes the tuned fields (autotune) */
-    cx_logger *log;
-    cx_transport *transport;
-    cx_queue *queue;
-    cx_handles *handles;
-    struct cx_gradsets *gradsets;  /* the context's gradient sets (gradset.h) */
-    atomic_int *running;           /* cleared when the loop stops accepting work */
-    atomic_int *shutdown_requested;
-    /* Nonzero once a device tensor was submitted: from then on only the background thread runs
-     * cycles (cx_loop_drive returns CX_DRIVE_BUSY; see cx_loop_fence). */
-    atomic_int *device_bound;
-    /* Timeline hand-over: while *timeline_change is set, take_timeline(owner) returns the
-     * timeline the loop uses from then on (NULL: off) and clears it. */
-    atomic_int *timeline_change;
-    struct cx_timeline *(*take_timeline)(void *owner);
-    void *owner;
-} cx_loop_env;
 
 /* Creates the loop state (before the thread starts). */
 cfx_status cx_loop_create(const cx_loop_env *env, cx_loop **out);
