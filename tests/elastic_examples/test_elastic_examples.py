@@ -96,6 +96,19 @@ def read_result(path):
     return fields
 
 
+def run_job(args, env):
+    """Runs one elastic job (cfxrun --elastic), shows its output's end, and fails unless it
+    succeeded."""
+    print("running: " + " ".join(args))
+    t0 = time.monotonic()
+    p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=240)
+    print("the job took %.1f s" % (time.monotonic() - t0))
+    sys.stdout.write(p.stdout[-6000:])
+    sys.stdout.write(p.stderr[-6000:])
+    check(p.returncode == 0, "the job failed (status %d)" % p.returncode)
+    return p
+
+
 def run_kill(np_, kill_rank, command):
     hosts = "localhost:%d,127.0.0.1:1" % (np_ - 1)
     tmp = tempfile.mkdtemp(prefix="cfx-elastic-examples-")
@@ -104,13 +117,7 @@ def run_kill(np_, kill_rank, command):
                ELASTIC_OUT=out, CFX_TRANSPORT_TIMEOUT_S="20")
     args = [sys.executable, CFXRUN, "--elastic", "-np", str(np_), "--min-np", str(np_ - 1),
             "-H", hosts, "--elastic-timeout", "60"] + command
-    print("running: " + " ".join(args))
-    t0 = time.monotonic()
-    p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=240)
-    print("the job took %.1f s" % (time.monotonic() - t0))
-    sys.stdout.write(p.stdout[-6000:])
-    sys.stdout.write(p.stderr[-6000:])
-    check(p.returncode == 0, "the job failed (status %d)" % p.returncode)
+    p = run_job(args, env)
     check(os.path.exists(out + ".lost"), "rank %d never reached its failure" % kill_rank)
     with open(out + ".lost") as f:
         lost_ms = int(f.read())
@@ -193,13 +200,7 @@ def run_grow(np_, command):
                CFX_TRANSPORT_TIMEOUT_S="20")
     args = [sys.executable, CFXRUN, "--elastic", "-np", str(np_), "--min-np", str(np_),
             "--max-np", str(np_ + 1), "--host-discovery-script", script] + command
-    print("running: " + " ".join(args))
-    t0 = time.monotonic()
-    p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=240)
-    print("the job took %.1f s" % (time.monotonic() - t0))
-    sys.stdout.write(p.stdout[-6000:])
-    sys.stdout.write(p.stderr[-6000:])
-    check(p.returncode == 0, "the job failed (status %d)" % p.returncode)
+    p = run_job(args, env)
     members = sorted(int(path.rsplit(".", 1)[1]) for path in glob.glob(out + ".[0-9]*"))
     check(members == list(range(np_ + 1)), "results from members %s, expected %s (the newcomer is "
           "member %d)" % (members, list(range(np_ + 1)), np_))
