@@ -117,7 +117,7 @@ def run_kill(np_, kill_rank, command):
                ELASTIC_OUT=out, CFX_TRANSPORT_TIMEOUT_S="20")
     args = [sys.executable, CFXRUN, "--elastic", "-np", str(np_), "--min-np", str(np_ - 1),
             "-H", hosts, "--elastic-timeout", "60"] + command
-    p = run_job(args, env)
+    run_job(args, env)
     check(os.path.exists(out + ".lost"), "rank %d never reached its failure" % kill_rank)
     with open(out + ".lost") as f:
         lost_ms = int(f.read())
@@ -200,7 +200,7 @@ def run_grow(np_, command):
                CFX_TRANSPORT_TIMEOUT_S="20")
     args = [sys.executable, CFXRUN, "--elastic", "-np", str(np_), "--min-np", str(np_),
             "--max-np", str(np_ + 1), "--host-discovery-script", script] + command
-    p = run_job(args, env)
+    run_job(args, env)
     members = sorted(int(path.rsplit(".", 1)[1]) for path in glob.glob(out + ".[0-9]*"))
     check(members == list(range(np_ + 1)), "results from members %s, expected %s (the newcomer is "
           "member %d)" % (members, list(range(np_ + 1)), np_))
