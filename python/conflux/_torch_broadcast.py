@@ -10,24 +10,28 @@ from ._core import rank
 from ._torch_collectives import allgather, broadcast_, broadcast_async_
 
 
+def _named_tensors(params):
+    """(name, tensor) pairs of a state_dict/dict (sorted by key) or a sequence of tensors or
+    (name, tensor) pairs (model.named_parameters(), model.parameters())."""
+    if isinstance(params, dict):
+        pairs = sorted(params.items())
+    elif isinstance(params, (list, tuple)) or hasattr(params, "__iter__"):
+        pairs = [p if isinstance(p, tuple) else (None, p) for p in params]
+    else:
+        raise ValueError("invalid params of type: %s" % type(params))
+    for name, p in pairs:
+        if p is not None and not isinstance(p, torch.Tensor):
+            raise ValueError("broadcast_parameters: %s is not a tensor (%s)"
+                             % (name, type(p).__name__))
+    return [(name, p) for name, p in pairs if p is not None]
+
+
 def broadcast_parameters(params, root_rank):
     """Broadcasts parameters/buffers in place from root_rank: a state_dict or dict (sorted by key),
     or a sequence of tensors or (name, tensor) pairs (model.named_parameters())."""
-    if isinstance(params, dict):
-        params = sorted(params.items())
-    elif isinstance(params, (list, tuple)) or hasattr(params, "__iter__"):
-        params = [p if isinstance(p, tuple) else (None, p) for p in params]
-    else:
-        raise ValueError("invalid params of type: %s" % type(params))
-    handles = []
-    for name, p in params:
-        if p is None:
-            continue
-        if not isinstance(p, torch.Tensor):
-            raise ValueError("broadcast_parameters: %s is not a tensor (%s)"
-                             % (name, type(p).__name__))
-        handles.append(broadcast_async_(p.data if isinstance(p, torch.nn.Parameter) else p,
-                                        root_rank, None if name is None else "bcast." + name))
+    handles = [broadcast_async_(p.data if isinstance(p, torch.nn.Parameter) else p, root_rank,
+                                None if name is None else "bcast." + name)
+               for name, p in _named_tensors(params)]
     for h in handles:
         h.wait()
 
@@ -81,5 +85,6 @@ def broadcast_optimizer_state(optimizer, root_rank, model=None):
 
 
 # Users import these from conflux.torch, which re-exports them: pickles and help() name it.
-for _public in (broadcast_parameters, broadcast_object, allgather_object, broadcast_optimizer_state):
+for _public in (broadcast_parameters, broadcast_object, allgather_object,
+                broadcast_optimizer_state):
     _public.__module__ = "conflux.torch"

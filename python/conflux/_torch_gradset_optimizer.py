@@ -38,7 +38,7 @@ from . import _core
 from . import _torch_collectives
 from ._core import Adasum, Average, Max, Min, Product, Sum, size
 from ._torch_adapter import _check_dtype
-from ._torch_collectives import _torch_native  # the hooks in C++ where the build has them, else None
+from ._torch_collectives import _torch_native  # the hooks in C++ where built, else None
 from ._torch_compression import _compressible
 from ._torch_optimizer_args import _checked_names, _checked_passes, _compression_plan
 from ._torch_optimizer_hooks import (
