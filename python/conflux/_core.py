@@ -178,7 +178,10 @@ def init(**options):
             _capi.cfx_init_options_init(opts, _capi.CFX_INIT_OPTIONS_VERSION)
             for key, value in options.items():  # by name, as every binding sets them
                 _capi.cfx_py_init_option(opts, key, check_scale(value, key))
-        if os.environ.get("CFX_ELASTIC") == "1":  # started by cfxrun --elastic (docs/elastic.md)
+        # Started by cfxrun --elastic (docs/elastic.md). The library reads every other elastic
+        # variable itself (base/launch_env.c), but no entry of its tells whether CFX_ELASTIC is
+        # set, so the binding still picks cfx_elastic_init here.
+        if os.environ.get("CFX_ELASTIC") == "1":
             _ctx = _Context(_capi.cfx_elastic_init(opts, reform_options()))
         else:
             _ctx = _Context(_capi.cfx_init(opts))

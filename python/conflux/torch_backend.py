@@ -38,20 +38,13 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup as _ProcessGroup, Work as _Work
 
 from . import _core
+from . import _torch_collectives
+from ._torch_broadcast import broadcast_object
+from .torch_process_sets import ProcessSet
 
 BACKEND = "conflux"
 _KEEP_COMPLETED = 64
 _TORCH_MAJOR = int(torch.__version__.split(".")[0])
-
-
-_CFX_TORCH = None  # the conflux.torch module, handed in by register() (no import: no circle)
-
-
-def _cfx():
-    if _CFX_TORCH is None:
-        raise RuntimeError("the conflux backend is registered by `import conflux.torch`; "
-                           "conflux.torch_backend alone cannot run collectives")
-    return _CFX_TORCH
 
 
 # ---- reduction ops ----
@@ -431,12 +424,11 @@ _NEW_GROUP_SETS = {}      # ranks (tuple) -> conflux.torch.ProcessSet made by ne
 def _world_ops():
     global _WORLD
     if _WORLD is None:
-        cfx = _cfx()
         names = ("allreduce_async_", "grouped_allreduce_async_", "broadcast_async_",
                  "allgather_async", "grouped_allgather_async", "reducescatter_async",
                  "alltoall_async")
         _WORLD = types.SimpleNamespace(barrier_async=_core.barrier_async,
-                                       **{n: getattr(cfx, n) for n in names})
+                                       **{n: getattr(_torch_collectives, n) for n in names})
     return _WORLD
 
 
@@ -484,7 +476,7 @@ def _wrap_new_group(original):
         ranks = bound.arguments.get("ranks")
         members = tuple(sorted(ranks)) if ranks else tuple(range(dist.get_world_size()))
         # Collective over the job, like new_group itself; torch calls the creator on members only.
-        _NEW_GROUP_SETS[members] = _cfx().ProcessSet(list(members))
+        _NEW_GROUP_SETS[members] = ProcessSet(list(members))
         try:
             return original(*args, **kwargs)
         finally:
@@ -519,13 +511,12 @@ def _conflux_rendezvous(url, timeout=None, **kwargs):
                 rank, size)
     if timeout is None:
         timeout = dist.distributed_c10d.default_pg_timeout
-    cfx = _cfx()
     if rank == 0:
         host = _store_host()
         store = dist.TCPStore(host, 0, size, True, timeout, wait_for_workers=False)
-        cfx.broadcast_object((host, store.port), 0, name="conflux.rendezvous")
+        broadcast_object((host, store.port), 0, name="conflux.rendezvous")
     else:
-        host, port = cfx.broadcast_object(None, 0, name="conflux.rendezvous")
+        host, port = broadcast_object(None, 0, name="conflux.rendezvous")
         store = dist.TCPStore(host, port, size, False, timeout)
     yield (store, rank, size)
     raise RuntimeError("the conflux:// rendezvous cannot be repeated")
@@ -570,12 +561,10 @@ ddp_hooks = types.SimpleNamespace(**{
 
 
 # ---- registration ----
-def register(cfx_torch):
-    """Registers the backend, the conflux:// rendezvous and the wrappers of new_group and env://,
-    running on `cfx_torch` (the conflux.torch module, which calls this at its end); a second call
-    does nothing (torch asserts on a second register_backend)."""
-    global _CFX_TORCH
-    _CFX_TORCH = cfx_torch
+def register():
+    """Registers the backend, the conflux:// rendezvous and the wrappers of new_group and env://
+    (conflux.torch calls it when imported); a second call does nothing (torch asserts on a second
+    register_backend)."""
     if BACKEND.upper() in dist.Backend._plugins:
         return
     if _TORCH_MAJOR >= 2:

@@ -4,16 +4,7 @@ import copy
 
 from .elastic import ObjectState, State, run, check_host_updates  # noqa: F401  (re-exported)
 from .elastic import HorovodInternalError, HostsUpdatedInterrupt  # noqa: F401
-
-# conflux.torch (its broadcast_parameters and broadcast_optimizer_state), handed in by attach():
-# conflux.torch imports this module, so importing it back here would make a circle.
-_cfx_torch = None
-
-
-def attach(cfx_torch):
-    """Called by conflux.torch at its end with itself."""
-    global _cfx_torch
-    _cfx_torch = cfx_torch
+from ._torch_broadcast import broadcast_optimizer_state, broadcast_parameters
 
 
 class TorchState(ObjectState):
@@ -45,11 +36,8 @@ class TorchState(ObjectState):
         super().restore()
 
     def _sync_from(self, root):
-        cfx_torch = _cfx_torch
-        if cfx_torch is None:
-            raise RuntimeError("TorchState needs conflux.torch: import conflux.torch first")
         if self.model is not None:
-            cfx_torch.broadcast_parameters(self.model.state_dict(), root_rank=root)
+            broadcast_parameters(self.model.state_dict(), root_rank=root)
         if self.optimizer is not None:
-            cfx_torch.broadcast_optimizer_state(self.optimizer, root_rank=root)
+            broadcast_optimizer_state(self.optimizer, root_rank=root)
         super()._sync_from(root)

@@ -13,10 +13,10 @@ torch = pytest.importorskip("torch", reason="python3-torch is not installed")
 
 import conflux
 import conflux.torch as cfx
-from conflux import torch_optimizer
+from conflux import _torch_gradset_optimizer
 from conftest import contribution, expected_reduce, tolerance
 
-NATIVE_HOOKS = torch_optimizer._torch_native
+NATIVE_HOOKS = _torch_gradset_optimizer._torch_native
 
 
 @pytest.fixture(autouse=True, params=["c++ hooks", "python hooks"])
@@ -24,7 +24,7 @@ def hooks(request, monkeypatch):
     """Every test twice: with the optimizer's hooks in C++ (conflux._torch_native, where the build
     has them) and with the same hooks in Python (the fallback)."""
     if request.param == "python hooks":
-        monkeypatch.setattr(torch_optimizer, "_torch_native", None)
+        monkeypatch.setattr(_torch_gradset_optimizer, "_torch_native", None)
     elif NATIVE_HOOKS is None:
         pytest.skip("conflux._torch_native is not built (CONFLUX_WITH_TORCH_NATIVE: libtorch-dev "
                     "and pybind11-dev): only the Python hooks run")

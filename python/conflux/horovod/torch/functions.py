@@ -12,6 +12,8 @@ except ImportError:  # the standard pickle: module-level objects only
     def _dumps(obj):
         return pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
 
+from conflux._torch_broadcast import _named_tensors
+
 from . import mpi_ops as _mpi
 from .mpi_ops import global_process_set
 
@@ -22,22 +24,6 @@ def _on(process_set, root_rank=None):
         return _mpi._GLOBAL, root_rank
     ops = _mpi._set_ops(process_set)
     return ops, None if root_rank is None else _mpi._set_root(process_set, root_rank)
-
-
-def _named_tensors(params):
-    """(name, tensor) pairs of a state_dict/dict (sorted by key) or a sequence of tensors or
-    (name, tensor) pairs (model.named_parameters(), model.parameters())."""
-    if isinstance(params, dict):
-        pairs = sorted(params.items())
-    elif isinstance(params, (list, tuple)) or hasattr(params, "__iter__"):
-        pairs = [p if isinstance(p, tuple) else (None, p) for p in params]
-    else:
-        raise ValueError("invalid params of type: %s" % type(params))
-    for name, p in pairs:
-        if p is not None and not isinstance(p, torch.Tensor):
-            raise ValueError("broadcast_parameters: %s is not a tensor (%s)"
-                             % (name, type(p).__name__))
-    return [(name, p) for name, p in pairs if p is not None]
 
 
 def broadcast_parameters(params, root_rank, process_set=global_process_set):

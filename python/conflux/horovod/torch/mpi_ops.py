@@ -13,7 +13,8 @@ import weakref
 import torch
 
 from conflux import _core
-from conflux.torch import _wire_compression, allgather_object as _allgather_object
+from conflux._torch_broadcast import allgather_object as _allgather_object
+from conflux._torch_compression import _wire_compression
 from conflux.torch_process_sets import differentiable_collectives
 
 from ..common import process_sets as _ps

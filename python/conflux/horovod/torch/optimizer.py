@@ -1,12 +1,12 @@
 """horovod.torch.optimizer: Horovod's DistributedOptimizer on gradient sets.
 
-It is conflux.torch's DistributedOptimizer (conflux/torch_optimizer.py) with Horovod's
-differences. Construction registers the dense CPU gradients in gradient sets on the process
-set's context (collective over its ranks: MismatchError, a HorovodInternalError too, names a
-gradient registered differently), each .grad a view into the set's storage; backward's hooks mark
-them ready and step() waits for the sets. What a set does not hold goes per call, one allreduce
-per gradient from its hook, as in Horovod: CUDA parameters, every gradient under a compressor of
-one's own, and sparse gradients.
+It is conflux.torch's gradient-set optimizer (conflux/_torch_gradset_optimizer.py) with
+Horovod's differences. Construction registers the dense CPU gradients in gradient sets on the
+process set's context (collective over its ranks: MismatchError, a HorovodInternalError too, names
+a gradient registered differently), each .grad a view into the set's storage; backward's hooks
+mark them ready and step() waits for the sets. What a set does not hold goes per call, one
+allreduce per gradient from its hook, as in Horovod: CUDA parameters, every gradient under a
+compressor of one's own, and sparse gradients.
 
 Sparse gradients (nn.Embedding(sparse=True)) are known only once backward made them. During the
 first step after registration each registered gradient's layout is watched; at its end one
@@ -20,9 +20,10 @@ import weakref
 import torch
 
 from conflux import _core
-from conflux.torch import NoneCompressor
-from conflux.torch_optimizer import (_DistributedOptimizer as _Base, _adasum_optimizer,
-                                     _checked_passes)
+from conflux._torch_adasum_optimizer import _adasum_optimizer
+from conflux._torch_compression import NoneCompressor
+from conflux._torch_gradset_optimizer import _DistributedOptimizer as _Base
+from conflux._torch_optimizer_args import _checked_passes
 
 from ..common import process_sets as _ps
 from . import mpi_ops as _mpi
@@ -48,8 +49,8 @@ def _check_groups(groups):
 
 
 def _place(process_set):
-    """conflux.torch_optimizer's _place for Horovod's process sets (registered ones: ValueError
-    for others)."""
+    """conflux._torch_gradset_optimizer's _place for Horovod's process sets (registered ones:
+    ValueError for others)."""
     if process_set is None or process_set.process_set_id == 0:
         return _core.current(), _mpi._GLOBAL, True, size()
     subset = _ps.subset_of(process_set)
