@@ -71,7 +71,7 @@ while [ $# -gt 0 ]; do
         --no-gloo) gloo=0; shift ;;
         --no-lone) lone=0; shift ;;
         --out) out=$2; shift 2 ;;
-        -h|--help) sed -n '2,48p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
         *) echo "bench/hosts.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -135,7 +135,8 @@ while [ $r -le "$rounds" ]; do
 done
 
 # The silent host on the Gloo path: test_dead_peer.py's run (its own checks: every survivor fails
-# with CFX_ERR_PEER_LOST naming a rank of host b, cfx_shutdown returns, cfxrun's last line names it).
+# with CFX_ERR_PEER_LOST naming a rank of host b, cfx_shutdown returns, cfxrun's last line names
+# it).
 if [ "$gloo" -eq 1 ]; then
     echo "bench/hosts.sh: silent host (a:2,b:2, gloo, $rate, $delay) ..." >&2
     if ! /usr/bin/python3 "$root/tests/hosts/cfxhosts" --hosts a,b --timeout 300 -- \
@@ -208,7 +209,8 @@ for w in workloads:
            if run == "hier" and ww == w and m.startswith("mpi_") and not m.endswith(".wire_bytes")]
     best, which = min(mpi) if mpi else (None, "")
     mib = nbytes[w] / 2**20
-    cells = [w, f"{mib:.0f}" if mib >= 1 else f"{nbytes[w]} B", f"{spread('hier', w, which)} ({which})"]
+    cells = [w, f"{mib:.0f}" if mib >= 1 else f"{nbytes[w]} B",
+             f"{spread('hier', w, which)} ({which})"]
     for m in methods:
         h, f_ = med("hier", w, m), med("flat", w, m)
         cells += [spread("hier", w, m), spread("flat", w, m), f"{h / f_:.2f}" if h and f_ else "—",
@@ -257,11 +259,11 @@ if gloo == "1":
         for line in f:
             m = re.match(r"rank (\d+): error ([\d.]+) s after host b's link went down: (.*)", line)
             if m:
-                lost = re.search(r"suspect (rank \d+ on host \S+)", m.group(3))
+                lost = re.search(r"suspect (rank \d+ on host .*?)(?: \(|;)", m.group(3))
                 survivors.append((int(m.group(1)), float(m.group(2)),
                                   lost.group(1) if lost else "—"))
-    print(f"\nA silent host on the Gloo path: 4 ranks as a:2,b:2 (cfxrun --transport gloo), host b's "
-          f"link pulled at step 5; seconds from the pull to CFX_ERR_PEER_LOST on each survivor "
+    print(f"\nA silent host on the Gloo path: 4 ranks as a:2,b:2 (cfxrun --transport gloo), "
+          f"host b's link pulled at step 5; seconds from the pull to CFX_ERR_PEER_LOST on each survivor "
           f"(CFX_TRANSPORT_TIMEOUT_S={silent_deadline}; every survivor's cfx_shutdown returned).\n")
     print("| survivor | error after (s) | the error names |")
     print("|---|---|---|")
