@@ -4,7 +4,9 @@
  * status and cx_last_error() text.
  *
  * Collectives: allreduce (every dtype through the engine's kernels, so float16/bfloat16 reduce
- * pairwise through float32 as over MPI), broadcast and barrier are Gloo's; gather of bytes,
+ * pairwise through float32 as over MPI) is Gloo's ring, except the cross-host leg between two
+ * hosts and the world's small allreduces, which go through a posted exchange (PostedExchange:
+ * one hop, receives posted a call ahead); broadcast and barrier are Gloo's; gather of bytes,
  * allgatherv, alltoallv and sendrecv are point-to-point over Gloo's unbound buffers (exact
  * displacements, zero-length pieces skipped); reduce_scatter is an allreduce whose own slice is
  * kept. Every wait carries the deadline of cx_gloo_params.timeout_s.
@@ -23,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -56,6 +59,15 @@ constexpr uint64_t kGatherBytesSlot = kSlotBase + 1;
 constexpr uint64_t kAllgathervSlot = kSlotBase + 2;
 constexpr uint64_t kAlltoallvSlot = kSlotBase + 3;
 constexpr uint64_t kSendrecvSlot = kSlotBase + 4;
+/* The posted exchanges (PostedExchange below): each uses its slot and the next. */
+constexpr uint64_t kWorldExchangeSlot = kSlotBase + 5;
+constexpr uint64_t kCrossExchangeSlot = kSlotBase + 7;
+/* The world's exchange takes allreduces up to this many bytes, in worlds up to this size (each
+ * rank sends its bytes to every other: n (n - 1) messages a call). */
+constexpr size_t kWorldExchangeBytes = size_t(64) << 10;
+constexpr int kWorldExchangeRanks = 32;
+/* The two-host exchange's inbox at first: a block of the default 1 MiB chunk fits. */
+constexpr size_t kCrossExchangeStart = size_t(1) << 20;
 
 /* The rendezvous store as Gloo sees it. Failures become gloo::IoException, which the entry points
  * below turn back into the store's status text. */
@@ -206,10 +218,136 @@ std::vector<int> silent_world_ranks(Root *root, bool *store_silent)
     return out;
 }
 
+/* An allreduce in one hop, over receives posted in advance: every rank sends its whole buffer to
+ * every other and combines what it receives in rank order (the same order on every rank, so every
+ * rank holds the same bits). Gloo's ring passes a small buffer around the ring 2 (n - 1) times and
+ * cuts a large one into segments in two phases; and a Gloo send waits until its receiver has said
+ * it is ready (a receive posted there), so every hop waited for the receiving process to run
+ * first. Here each rank posts its receives for the next call as soon as this call has read its
+ * inbox, so the next call's bytes leave at once. Used for the cross-host leg between two hosts
+ * (the same bytes on the wire as the ring: each leader sends its block once) and for the small
+ * allreduces of the world (the ready bits of every cycle, lone small tensors).
+ * The inbox holds `start` bytes from each peer; with `grow` it grows with the calls (alike on
+ * every rank: all see the same sizes in the same order) up to kInboxMax, and bytes beyond it go
+ * as a second message per peer on the next slot, its receives posted when the call starts; without
+ * `grow` larger calls are not taken (takes()). */
+class PostedExchange {
+  public:
+    using Reduce = std::function<void(void *acc, const void *in, size_t count)>;
+    static constexpr size_t kInboxMax = size_t(64) << 20;
+
+    PostedExchange(const std::shared_ptr<gloo::Context> &ctx, uint64_t slot, size_t start,
+                   bool grow)
+        : ctx_(ctx), slot_(slot), grow_(grow)
+    {
+        post(start);
+    }
+
+    ~PostedExchange()
+    {
+        /* The receives still posted go with their buffer; the pairs outlive it (ctx_ is held). */
+        inbox_.reset();
+    }
+
+    bool takes(size_t bytes) const { return grow_ || bytes <= cap_; }
+
+    /* `commutative`: x op y == y op x bit for bit, so that with two ranks each may combine in
+     * place, its own first. */
+    void allreduce(void *buf, size_t bytes, size_t es, const Reduce &reduce, bool commutative,
+                   millis timeout)
+    {
+        const int n = ctx_->size, me = ctx_->rank;
+        if (bytes == 0)
+            return;
+        const size_t first = std::min(bytes, cap_), rest = bytes - first;
+        char *mine = static_cast<char *>(buf);
+        std::unique_ptr<gloo::transport::UnboundBuffer> rest_in, out;
+        if (rest) {
+            rest_area_.resize(rest * static_cast<size_t>(n));
+            rest_in = ctx_->createUnboundBuffer(rest_area_.data(), rest_area_.size());
+            for (int q = 0; q < n; q++)
+                if (q != me)
+                    rest_in->recv(q, slot_ + 1, rest * static_cast<size_t>(q), rest);
+        }
+        out = ctx_->createUnboundBuffer(mine, bytes);
+        for (int q = 0; q < n; q++) {
+            if (q == me)
+                continue;
+            out->send(q, slot_, 0, first);
+            if (rest)
+                out->send(q, slot_ + 1, first, rest);
+        }
+        /* Receives first: a peer that never sends is the one to time out on. */
+        for (int k = 1; k < n; k++)
+            if (!inbox_->waitRecv(timeout))
+                throw gloo::IoException("a receive of the posted exchange was aborted");
+        /* Every send must have left `buf` before the result overwrites it. */
+        for (int k = (n - 1) * (rest ? 2 : 1); k > 0; k--)
+            if (!out->waitSend(timeout))
+                throw gloo::IoException("a send of the posted exchange was aborted");
+        combine(mine, inbox_area_.data(), cap_, first, es, reduce, commutative);
+        /* The next call's receives, before this one's rest is waited for: the peers' next bytes
+         * may leave as soon as they are done here. */
+        size_t next = cap_;
+        while (grow_ && next < bytes && next < kInboxMax)
+            next *= 2;
+        post(next);
+        if (rest) {
+            for (int k = 1; k < n; k++)
+                if (!rest_in->waitRecv(timeout))
+                    throw gloo::IoException("a receive of the posted exchange was aborted");
+            combine(mine + first, rest_area_.data(), rest, rest, es, reduce, commutative);
+        }
+    }
+
+  private:
+    /* mine = c_0 op c_1 op ... op c_(n-1), left to right, with c_me = mine and c_q at q * stride
+     * of `area`. */
+    void combine(char *mine, const char *area, size_t stride, size_t len, size_t es,
+                 const Reduce &reduce, bool commutative)
+    {
+        const int n = ctx_->size, me = ctx_->rank;
+        if (me == 0 || (n == 2 && commutative)) {
+            for (int q = 0; q < n; q++)
+                if (q != me)
+                    reduce(mine, area + stride * static_cast<size_t>(q), len / es);
+            return;
+        }
+        scratch_.assign(area, area + len);
+        for (int q = 1; q < n; q++)
+            reduce(scratch_.data(), q == me ? mine : area + stride * static_cast<size_t>(q),
+                   len / es);
+        memcpy(mine, scratch_.data(), len);
+    }
+
+    void post(size_t capacity)
+    {
+        const int n = ctx_->size, me = ctx_->rank;
+        if (capacity != cap_ || !inbox_) {
+            inbox_.reset();
+            cap_ = capacity;
+            inbox_area_.assign(cap_ * static_cast<size_t>(n), 0);
+            inbox_ = ctx_->createUnboundBuffer(inbox_area_.data(), inbox_area_.size());
+        }
+        for (int q = 0; q < n; q++)
+            if (q != me)
+                inbox_->recv(q, slot_, cap_ * static_cast<size_t>(q), cap_);
+    }
+
+    std::shared_ptr<gloo::Context> ctx_;
+    uint64_t slot_;
+    bool grow_;
+    size_t cap_ = 0;
+    std::vector<char> inbox_area_, rest_area_, scratch_;
+    std::unique_ptr<gloo::transport::UnboundBuffer> inbox_;
+};
+
 struct State {
     Root *root = nullptr;
     std::string prefix;                         /* this transport's key space in the store */
     std::shared_ptr<gloo::Context> ctx, cross;  /* cross: NULL when cross_size is 1 */
+    std::unique_ptr<PostedExchange> world_small; /* small allreduces of the world */
+    std::unique_ptr<PostedExchange> cross_pair;  /* the cross leg when there are two hosts */
     std::vector<std::string> hosts, addrs;      /* per rank: host name, address Gloo listens on */
     std::vector<int> world_ranks;               /* per rank: its rank in the world */
     /* Every other rank's socket endpoints ("[10.0.0.2]:4567", as Gloo's messages write them) ->
@@ -444,6 +582,28 @@ void run_allreduce(const std::shared_ptr<gloo::Context> &ctx, void *buf, size_t 
     gloo::allreduce(o);
 }
 
+/* run_allreduce's reduction through a posted exchange (every op here is commutative). */
+void exchange_allreduce(PostedExchange &x, void *buf, size_t count, cfx_dtype dtype,
+                        cfx_reduce_op op, millis timeout)
+{
+    if (op == CFX_OP_AVERAGE)
+        op = CFX_OP_SUM; /* the engine scales */
+    x.allreduce(buf, count * cfx_dtype_size(dtype), cfx_dtype_size(dtype),
+                [dtype, op](void *acc, const void *in, size_t n) {
+                    cx_reduce_into(acc, in, n, dtype, op);
+                }, true, timeout);
+}
+
+/* An allreduce over the whole transport: small ones through the posted exchange, the rest
+ * through Gloo's. */
+void world_allreduce(State *s, void *buf, size_t count, cfx_dtype dtype, cfx_reduce_op op)
+{
+    if (s->world_small && s->world_small->takes(count * cfx_dtype_size(dtype)))
+        exchange_allreduce(*s->world_small, buf, count, dtype, op, deadline_of(s));
+    else
+        run_allreduce(s->ctx, buf, count, dtype, op, deadline_of(s));
+}
+
 /* ---- control plane -------------------------------------------------------------------------- */
 
 cfx_status gloo_gather_bytes(cx_transport *t, const void *send, size_t len, void **recv_out,
@@ -457,7 +617,7 @@ cfx_status gloo_gather_bytes(cx_transport *t, const void *send, size_t len, void
         lens[t->rank] = len;
         /* Everyone learns every length with one allreduce of a vector holding its own (cheaper to
          * write than a gather of lengths, and the lengths are few bytes). */
-        run_allreduce(s->ctx, lens.data(), lens.size(), CFX_INT64, CFX_OP_SUM, deadline_of(s));
+        world_allreduce(s, lens.data(), lens.size(), CFX_INT64, CFX_OP_SUM);
         Pending p(deadline_of(s));
         if (t->rank != 0) {
             p.send(*s->ctx, send, len, 0, kGatherBytesSlot);
@@ -533,6 +693,16 @@ cfx_status gloo_allreduce_and(cx_transport *t, uint64_t *words, size_t count)
     return guarded(t, "AND-allreduce of the ready bits", [&] {
         if (count == 0 || t->size == 1)
             return;
+        if (s->world_small && s->world_small->takes(count * sizeof *words)) {
+            s->world_small->allreduce(words, count * sizeof *words, sizeof *words,
+                                      [](void *acc, const void *in, size_t n) {
+                                          auto *a = static_cast<uint64_t *>(acc);
+                                          auto *b = static_cast<const uint64_t *>(in);
+                                          for (size_t i = 0; i < n; i++)
+                                              a[i] &= b[i];
+                                      }, true, deadline_of(s));
+            return;
+        }
         gloo::AllreduceOptions o(s->ctx);
         o.setOutput(words, count);
         o.setReduceFunction([](void *c, const void *a, const void *b, size_t n) {
@@ -563,7 +733,7 @@ cfx_status gloo_allreduce(cx_transport *t, void *buf, size_t count, cfx_dtype dt
     State *s = state_of(t);
     cfx_status st = check_op(t, op, "allreduce");
     return st ? st : guarded(t, "allreduce", [&] {
-        run_allreduce(s->ctx, buf, count, dtype, op, deadline_of(s));
+        world_allreduce(s, buf, count, dtype, op);
     });
 }
 
@@ -652,7 +822,9 @@ cfx_status gloo_cross_allreduce(cx_transport *t, void *buf, size_t count, cfx_dt
     State *s = state_of(t);
     cfx_status st = check_op(t, op, "cross-host allreduce");
     return st ? st : guarded(t, "cross-host allreduce", [&] {
-        if (s->cross)
+        if (s->cross_pair)
+            exchange_allreduce(*s->cross_pair, buf, count, dtype, op, deadline_of(s));
+        else if (s->cross)
             run_allreduce(s->cross, buf, count, dtype, op, deadline_of(s));
     });
 }
@@ -718,6 +890,8 @@ void gloo_destroy(cx_transport *t)
         return;
     State *s = state_of(t);
     Root *root = s->root;
+    s->cross_pair.reset();
+    s->world_small.reset();
     s->cross.reset();
     s->ctx.reset();
     delete s;
@@ -896,6 +1070,9 @@ cfx_status build(Root *root, const std::string &prefix, int rank, int size, cx_t
         world->connectFullMesh(mesh, root->dev);
         world->setTimeout(deadline_of(s));
         s->ctx = world;
+        if (size > 1 && size <= kWorldExchangeRanks)
+            s->world_small.reset(new PostedExchange(world, kWorldExchangeSlot,
+                                                    kWorldExchangeBytes, false));
         learn_pair_peers(s, store, *world);
         if (t->cross_size > 1) {
             auto cross = std::make_shared<gloo::rendezvous::Context>(t->cross_rank, t->cross_size);
@@ -905,6 +1082,9 @@ cfx_status build(Root *root, const std::string &prefix, int rank, int size, cx_t
             cross->connectFullMesh(cross_store, root->dev);
             cross->setTimeout(deadline_of(s));
             s->cross = cross;
+            if (t->cross_size == 2)
+                s->cross_pair.reset(new PostedExchange(cross, kCrossExchangeSlot,
+                                                       kCrossExchangeStart, true));
         }
     });
     if (st) {
