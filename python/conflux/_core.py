@@ -13,6 +13,7 @@ import contextlib
 import enum
 import operator
 import threading
+import weakref
 
 import numpy as _np
 
@@ -143,13 +144,15 @@ def check_scale(factor, what):
 # ---- the context ----
 class _Context:
     """One cfx_context. `ptr` is None once freed; handles check `alive` before touching it.
-    `address` is the pointer as an int, for native code that takes it so (conflux._torch_native)."""
+    `address` is the pointer as an int, for native code that takes it so (conflux._torch_native).
+    `world` counts the worlds it had: reform() adds one."""
 
-    __slots__ = ("ptr", "address", "__weakref__")
+    __slots__ = ("ptr", "address", "world", "__weakref__")
 
     def __init__(self, ptr):
         self.ptr = ptr
         self.address = int(ptr) if ptr is not None else 0
+        self.world = 0
 
     @property
     def alive(self):
@@ -204,14 +207,32 @@ def reform_options(min_size=None, max_size=None, timeout_s=None, settle_s=None):
     return o
 
 
+_reform_listeners = []  # weak references to what on_reform() registered, in that order
+
+
+def on_reform(listener):
+    """Has reform() call listener._world_reformed() once each new world formed (held weakly; in
+    the order they registered, which is the same on every rank). What the new world needs from a
+    survivor before anything else runs, as a newcomer does it at its start (an optimizer's
+    gradient sets, committed again), goes there."""
+    _reform_listeners.append(weakref.ref(listener))
+
+
 def reform(**options):
     """Forms the elastic world again (cfx_context_reform): pending collectives fail with
     MembershipChangedError (or the PeerLostError that ended the old world); rank() and size() may
-    change. Call it on every surviving rank."""
+    change; then what on_reform() registered catches up with the new world. Call it on every
+    surviving rank."""
     with _lock:
         ctx = current()
         del _orphans[:]  # every pending handle has completed with an error by now
         _capi.cfx_context_reform(ctx.ptr, reform_options(**options))
+        ctx.world += 1
+        listeners = [ref() for ref in _reform_listeners]
+        _reform_listeners[:] = [ref for ref, live in zip(_reform_listeners, listeners) if live]
+    for listener in listeners:
+        if listener is not None:
+            listener._world_reformed()
 
 
 def membership_round():

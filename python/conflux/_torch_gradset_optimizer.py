@@ -48,17 +48,18 @@ from .gradset import _Native, _View
 from .torch_process_sets import ProcessSet, differentiable_collectives
 
 STORAGES = ("conflux", "framework")
-_set_serials = weakref.WeakKeyDictionary()  # context -> the numbers of its optimizers' sets
+_set_serials = weakref.WeakKeyDictionary()  # context -> (its world, the numbers of its sets)
 _ready = _capi._capi_native.cfx_gradset_ready  # the C wrapper itself: the hooks' only call
 _wait = _capi.cfx_py_gradset_wait
 
 
 def _set_name(prefix, ctx):
     """The next gradient-set name on `ctx`. Every rank of a context makes its optimizers' sets in
-    the same order, so the names agree; a process set's ranks count their own."""
-    serial = _set_serials.get(ctx)
-    if serial is None:
-        serial = _set_serials[ctx] = itertools.count()
+    the same order, so the names agree; a process set's ranks count their own. Every world of an
+    elastic context counts from 0, as a newcomer's first does."""
+    world, serial = _set_serials.get(ctx, (None, None))
+    if world != getattr(ctx, "world", 0):
+        world, serial = _set_serials[ctx] = (getattr(ctx, "world", 0), itertools.count())
     return "%s.%d" % (prefix, next(serial))
 
 
@@ -288,6 +289,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._distributed = self._included and nranks > 1
         if self._distributed:
             self._register([p for group in self.param_groups for p in group["params"]])
+        _core.on_reform(self)
 
     # ---- registration ----
     def _scales(self):
@@ -355,6 +357,27 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._register(params)
         for p in per_call:  # their hooks went with the others'
             self._add_per_call(p)
+
+    def _world_reformed(self):
+        """The elastic world was formed again (conflux.reform, hvd.elastic's reset): this step's
+        work died with the old world, and the gradient sets belonged to it. The optimizer starts
+        over in the new world as a newcomer's does at construction: every parameter registered
+        afresh, its sets committed (collective: every survivor does this in the same place, right
+        after the round, where a newcomer commits its first)."""
+        for s in self._sets:  # the .grads leave the old sets' storage
+            s.readopt()
+            for p in s.params:
+                p.grad = p.grad.clone()
+        _remove_hooks(self._hook_handles)
+        del self._grad_accs[:]
+        self._sets, self._set_params, self._requires_update = [], set(), set()
+        self._handles.clear()
+        self._allreduce_delay.clear()
+        self._synchronized = False
+        self._ctx, self._ops, self._included, nranks = self._place(self.process_set)
+        self._distributed = self._included and nranks > 1
+        if self._distributed:
+            self._register([p for group in self.param_groups for p in group["params"]])
 
     def add_param_group(self, param_group):
         super(self.__class__, self).add_param_group(param_group)

@@ -44,14 +44,19 @@ def reference():
 EXTRA_ENV = {}  # what the mode adds to every run's environment
 
 
-def run(args, env_extra, timeout=240):
+def run(args, env_extra, timeout=float(os.environ.get("ELASTIC_TEST_TIMEOUT", "240"))):
     env = dict(os.environ)
     env.update(EXTRA_ENV)
     env["CFX_TRANSPORT_TIMEOUT_S"] = "20"
     env.update(env_extra)
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, CFXRUN, "--elastic"] + args + [sys.executable, SCRIPT],
-                       env=env, capture_output=True, text=True, timeout=timeout)
+    try:
+        p = subprocess.run([sys.executable, CFXRUN, "--elastic"] + args + [sys.executable, SCRIPT],
+                           env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:  # what the job said before it hung
+        for part in (e.stdout, e.stderr):
+            sys.stdout.write((part or b"")[-4000:].decode("utf-8", "replace"))
+        check(False, "the job did not end within %g s" % timeout)
     elapsed = time.monotonic() - t0
     sys.stdout.write(p.stdout[-4000:])
     sys.stdout.write(p.stderr[-4000:])

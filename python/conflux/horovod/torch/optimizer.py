@@ -133,6 +133,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if sparse and not self.sparse_as_dense:
             self._rebuild(leave=sparse)  # collective: the same `sparse` on every rank
 
+    def _world_reformed(self):
+        """As a newcomer settles its gradients' layouts after its first step, so does every rank
+        of a new world, from scratch: the settling allreduce and the sets then match."""
+        _remove_layout_hooks(self._layout_hooks)
+        self._watched.clear()
+        self._seen.clear()
+        self._sparse.clear()
+        _Base._world_reformed(self)
+
     def load_state_dict(self, *args, **kwargs):
         self._handles = {}
         self._synchronized = False
