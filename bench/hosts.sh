@@ -8,7 +8,7 @@
 #
 #   bench/hosts.sh [--build-dir DIR] [--hosts a:2,b:2] [--rate 10gbit] [--delay 50us]
 #                  [--only resnet50,bert_base,vgg16] [--rounds N] [--full] [--no-compression]
-#                  [--no-gloo] [--no-lone] [--out DIR]
+#                  [--no-gloo] [--no-lone] [--no-elastic] [--out DIR]
 #
 # Runs build/bench/cfx_bench (bench/conflux_bench.c; built here if missing) three times through
 # tests/hosts/hostrun, which checks where every rank ran and which allreduce path the engine took:
@@ -30,7 +30,10 @@
 # path (tests/rendezvous/test_dead_peer.py, mode link: 4 ranks of tests/rendezvous/gloo_job as
 # 2x2 started by `cfxrun --transport gloo` through the hosts' agent; at step 5 host b's link is
 # pulled with `agent --link b down`; CFX_TRANSPORT_TIMEOUT_S=5): the seconds from the pull to the
-# CFX_ERR_PEER_LOST on each survivor, OUT/silent.log.
+# CFX_ERR_PEER_LOST on each survivor, OUT/silent.log. Last, unless --no-elastic: the elastic rows
+# (bench/elastic_hosts.py, --rounds repeats of each): the time from losing host b's workers to the
+# survivors training again, and from a host the discovery script adds to its worker training, each
+# from a run whose final parameters were checked; OUT/elastic/.
 # Every run counts the bytes each host sends on its link (cfx0's tx_bytes, cfx_bench --wire-iface),
 # summed over the hosts, per step; a compressed step that sends more than 0.7 x the uncompressed
 # step's bytes fails the run.
@@ -55,6 +58,7 @@ rounds=1
 compression=1
 gloo=1
 lone=1
+elastic=1
 out=
 silent_deadline=5
 
@@ -70,8 +74,9 @@ while [ $# -gt 0 ]; do
         --no-compression) compression=0; shift ;;
         --no-gloo) gloo=0; shift ;;
         --no-lone) lone=0; shift ;;
+        --no-elastic) elastic=0; shift ;;
         --out) out=$2; shift 2 ;;
-        -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,47p' "$0"; exit 0 ;;
         *) echo "bench/hosts.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -270,3 +275,9 @@ if gloo == "1":
     for r, t, who in sorted(survivors):
         print(f"| rank {r} | {t:.2f} | {who} |")
 EOF
+
+if [ "$elastic" = 1 ]; then
+    echo
+    /usr/bin/python3 "$root/bench/elastic_hosts.py" --build-dir "$build" --repeats "$rounds" \
+        --out "$out/elastic" | tee -a "$out/hosts.md"
+fi
