@@ -8,7 +8,6 @@ completes, and a function that turns the completed handle into the result. Share
 (cfx_alloc) is handed out here too, as numpy arrays that keep the block alive.
 """
 import atexit
-import os
 import contextlib
 import enum
 import operator
@@ -181,13 +180,8 @@ def init(**options):
             _capi.cfx_init_options_init(opts, _capi.CFX_INIT_OPTIONS_VERSION)
             for key, value in options.items():  # by name, as every binding sets them
                 _capi.cfx_py_init_option(opts, key, check_scale(value, key))
-        # Started by cfxrun --elastic (docs/elastic.md). The library reads every other elastic
-        # variable itself (base/launch_env.c), but no entry of its tells whether CFX_ELASTIC is
-        # set, so the binding still picks cfx_elastic_init here.
-        if os.environ.get("CFX_ELASTIC") == "1":
-            _ctx = _Context(_capi.cfx_elastic_init(opts, reform_options()))
-        else:
-            _ctx = _Context(_capi.cfx_init(opts))
+        # Under cfxrun --elastic (CFX_ELASTIC=1) cfx_init joins the elastic job (docs/elastic.md).
+        _ctx = _Context(_capi.cfx_init(opts))
 
 
 # ---- elastic worlds (docs/elastic.md) ----

@@ -10,6 +10,7 @@
 #include "api/submit.h"
 #include "base/config.h"
 #include "base/error.h"
+#include "base/launch_env.h"
 #include "engine/context.h"
 #include "engine/subset.h"
 #include "engine/world.h"
@@ -92,6 +93,12 @@ static cfx_status init_over(const cfx_init_options *opts, const cfx_store_callba
 
 cfx_status cfx_init(const cfx_init_options *opts, cfx_context **out)
 {
+    /* A worker of cfxrun --elastic (CFX_ELASTIC=1) joins the elastic job whatever the binding,
+     * with the job's reform defaults (CFX_ELASTIC_MIN_SIZE, ...). */
+    cx_launch launch;
+    cfx_status st = cx_launch_detect(&launch, NULL, NULL);
+    if (!st && launch.elastic)
+        return cfx_elastic_init(opts, NULL, out);
     return init_over(opts, NULL, out);
 }
 

@@ -235,6 +235,8 @@ cfx_status cx_launch_detect(cx_launch *l, cx_launch_lookup lookup, void *user)
     l->elastic_id = -1;
     cfx_status st = read_int(&r, "CFX_ELASTIC_ID", 0, 1000000, &l->elastic_id);
     if (!st)
+        st = read_int(&r, "CFX_ELASTIC", 0, 1, &l->elastic);
+    if (!st)
         st = find_launcher(&r, l);
     if (st || l->launcher == CX_LAUNCHER_NONE || l->missing[0])
         return st;

@@ -30,6 +30,7 @@ typedef struct cx_launch {
     int mpi_launch;             /* OMPI_COMM_WORLD_SIZE is set: mpirun started this process */
     int rank, size;             /* -1 when the launcher does not say */
     int local_rank, local_size; /* -1 when the launcher does not say */
+    int elastic;                /* CFX_ELASTIC=1 (cfxrun --elastic): cfx_init joins elastically */
     int elastic_id;             /* CFX_ELASTIC_ID (cfxrun --elastic): the member id; -1 unset */
     /* Where the ranks meet: a TCP store at store_host:store_port, or a file store in store_dir, or
      * neither (store_port 0 and store_dir ""; then `missing` says what is lacking). */
