@@ -343,20 +343,23 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         (their .grad becomes a copy of what their buffer holds)."""
         leave = set(leave)
         params = [p for s in self._sets for p in s.params if p not in leave]
-        for s in self._sets:
-            s.readopt()
-        for s in self._sets:
-            for p in s.params:
-                if p in leave:
-                    p.grad = p.grad.clone()
-        _remove_hooks(self._hook_handles)
-        del self._grad_accs[:]
-        self._sets, self._set_params = [], set()
         per_call = [p for p in self._parameter_names if p in self._requires_update or p in leave]
-        self._requires_update = set()
+        self._drop_sets(leave)
         self._register(params)
         for p in per_call:  # their hooks went with the others'
             self._add_per_call(p)
+
+    def _drop_sets(self, copied):
+        """Ends the gradient sets and every hook: each parameter gets its buffer back as .grad,
+        those in `copied` a copy of it (their set's storage goes with the set)."""
+        for s in self._sets:
+            s.readopt()
+            for p in s.params:
+                if p in copied:
+                    p.grad = p.grad.clone()
+        _remove_hooks(self._hook_handles)
+        del self._grad_accs[:]
+        self._sets, self._set_params, self._requires_update = [], set(), set()
 
     def _world_reformed(self):
         """The elastic world was formed again (conflux.reform, hvd.elastic's reset): this step's
@@ -364,13 +367,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         over in the new world as a newcomer's does at construction: every parameter registered
         afresh, its sets committed (collective: every survivor does this in the same place, right
         after the round, where a newcomer commits its first)."""
-        for s in self._sets:  # the .grads leave the old sets' storage
-            s.readopt()
-            for p in s.params:
-                p.grad = p.grad.clone()
-        _remove_hooks(self._hook_handles)
-        del self._grad_accs[:]
-        self._sets, self._set_params, self._requires_update = [], set(), set()
+        self._drop_sets(self._set_params)  # the .grads leave the old sets' storage
         self._handles.clear()
         self._allreduce_delay.clear()
         self._synchronized = False

@@ -177,7 +177,8 @@ static cfx_status barrier_yielding(cx_shm *s, double yield_s)
         return cx_fail(s->failed, "%s", s->failure);
     unsigned gen = s->generation;
     shm_control *c = s->control;
-    atomic_store(&s->members[s->me].reached, gen + 1);
+    /* Relaxed: the arrival's fetch_add below orders it; only a waiter past its deadline reads it. */
+    atomic_store_explicit(&s->members[s->me].reached, gen + 1, memory_order_relaxed);
     if (atomic_fetch_add(&c->arrived, 1) == (unsigned)s->nlocal - 1) {
         atomic_store_explicit(&c->arrived, 0, memory_order_relaxed);
         atomic_store(&c->generation, gen + 1);
