@@ -35,6 +35,15 @@ static int free_port(void)
     return ntohs(a.sin_port);
 }
 
+static cfx_status tcp_store(const char *host, int port, int serve, unsigned generation,
+                            double timeout_s, cx_store **out)
+{
+    return cx_store_tcp_create(&(cx_tcp_store_params){.host = host, .port = port, .serve = serve,
+                                                      .generation = generation,
+                                                      .timeout_s = timeout_s},
+                               out);
+}
+
 static void expect_stored(cx_store *s, const char *key, const char *want)
 {
     void *data = NULL;
@@ -133,8 +142,8 @@ static void test_tcp_store(void **state)
     (void)state;
     int port = free_port();
     cx_store *server, *client;
-    assert_int_equal(cx_store_tcp_create("127.0.0.1", port, 1, 1, 5.0, &server), CFX_OK);
-    assert_int_equal(cx_store_tcp_create("localhost", port, 0, 1, 5.0, &client), CFX_OK);
+    assert_int_equal(tcp_store("127.0.0.1", port, 1, 1, 5.0, &server), CFX_OK);
+    assert_int_equal(tcp_store("localhost", port, 0, 1, 5.0, &client), CFX_OK);
     assert_string_equal(server->local_addr, "127.0.0.1");
     exercise(server, client);
     exercise(client, server); /* the other direction */
@@ -149,9 +158,9 @@ static void test_tcp_interrupt_through_views(void **state)
     (void)state;
     int port = free_port();
     cx_store *server, *shared, *owned, *borrowed_view, *owning_view;
-    assert_int_equal(cx_store_tcp_create("127.0.0.1", port, 1, 1, 5.0, &server), CFX_OK);
-    assert_int_equal(cx_store_tcp_create("127.0.0.1", port, 0, 1, 5.0, &shared), CFX_OK);
-    assert_int_equal(cx_store_tcp_create("127.0.0.1", port, 0, 1, 5.0, &owned), CFX_OK);
+    assert_int_equal(tcp_store("127.0.0.1", port, 1, 1, 5.0, &server), CFX_OK);
+    assert_int_equal(tcp_store("127.0.0.1", port, 0, 1, 5.0, &shared), CFX_OK);
+    assert_int_equal(tcp_store("127.0.0.1", port, 0, 1, 5.0, &owned), CFX_OK);
     assert_int_equal(cx_store_prefixed(shared, "r1", 0, &borrowed_view), CFX_OK);
     assert_int_equal(cx_store_prefixed(owned, "r1", 1, &owning_view), CFX_OK);
     cx_store_interrupt(borrowed_view);
@@ -176,7 +185,7 @@ static void *serve_later(void *p)
     late_server *l = p;
     struct timespec pause = {0, 300 * 1000000L};
     nanosleep(&pause, NULL);
-    if (cx_store_tcp_create("127.0.0.1", l->port, 1, 1, 5.0, &l->store) != CFX_OK)
+    if (tcp_store("127.0.0.1", l->port, 1, 1, 5.0, &l->store) != CFX_OK)
         l->store = NULL;
     return NULL;
 }
@@ -188,7 +197,7 @@ static void test_tcp_client_before_server(void **state)
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, serve_later, &l), 0);
     cx_store *client;
-    assert_int_equal(cx_store_tcp_create("127.0.0.1", l.port, 0, 1, 10.0, &client), CFX_OK);
+    assert_int_equal(tcp_store("127.0.0.1", l.port, 0, 1, 10.0, &client), CFX_OK);
     pthread_join(th, NULL);
     assert_non_null(l.store);
     assert_int_equal(cx_store_set(client, "k", "v", 1), CFX_OK);
@@ -202,7 +211,7 @@ static void test_tcp_no_server_times_out(void **state)
     (void)state;
     int port = free_port();
     cx_store *client = NULL;
-    assert_int_equal(cx_store_tcp_create("127.0.0.1", port, 0, 1, 0.3, &client), CFX_ERR_TIMEOUT);
+    assert_int_equal(tcp_store("127.0.0.1", port, 0, 1, 0.3, &client), CFX_ERR_TIMEOUT);
     char want[32];
     snprintf(want, sizeof want, "127.0.0.1:%d", port);
     assert_non_null(strstr(cx_error_message(), want));
@@ -219,13 +228,59 @@ static void test_tcp_port_taken(void **state)
     assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
     int port = ntohs(a.sin_port);
     cx_store *s = NULL;
-    assert_int_equal(cx_store_tcp_create("127.0.0.1", port, 1, 1, 1.0, &s), CFX_ERR_CONFIG);
+    assert_int_equal(tcp_store("127.0.0.1", port, 1, 1, 1.0, &s), CFX_ERR_CONFIG);
     char want[32];
     snprintf(want, sizeof want, "port %d", port);
     assert_non_null(strstr(cx_error_message(), want));
     assert_non_null(strstr(cx_error_message(), "CFX_RENDEZVOUS_PORT"));
     /* A client reaching that listener (not a Conflux store: it never greets) times out or is told
      * it reached something else; it never takes it for a store. */
+    close(fd);
+}
+
+/* A derived port may be held by another program and by another job's store: the server takes the
+ * next free port of its range, and a client trying the range finds its own job's store by the
+ * token (a key set through one is read through the other), never the other job's. */
+static void test_tcp_port_range_finds_own_job(void **state)
+{
+    (void)state;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
+    socklen_t len = sizeof a;
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(fd, 4), 0); /* another program: accepts, never greets */
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    int port = ntohs(a.sin_port);
+    cx_tcp_store_params job_a = {.host = "127.0.0.1", .port = port, .port_span = 8,
+                                 .job_token = "job a", .serve = 1, .generation = 1,
+                                 .timeout_s = 5.0};
+    cx_tcp_store_params job_b = job_a;
+    job_b.job_token = "job b";
+    cx_store *server_a, *server_b, *client_b, *client_a;
+    assert_int_equal(cx_store_tcp_create(&job_a, &server_a), CFX_OK);
+    assert_int_equal(cx_store_tcp_create(&job_b, &server_b), CFX_OK);
+    assert_string_not_equal(server_a->where, server_b->where);
+    assert_null(strstr(server_a->where, "port"));
+    job_a.serve = job_b.serve = 0;
+    assert_int_equal(cx_store_tcp_create(&job_b, &client_b), CFX_OK);
+    assert_int_equal(cx_store_tcp_create(&job_a, &client_a), CFX_OK);
+    assert_int_equal(cx_store_set(server_a, "whose", "a", 1), CFX_OK);
+    assert_int_equal(cx_store_set(server_b, "whose", "b", 1), CFX_OK);
+    expect_stored(client_a, "whose", "a");
+    expect_stored(client_b, "whose", "b");
+    /* A third job finds no store of its own within the deadline, and says where it looked. */
+    cx_tcp_store_params job_c = job_a;
+    cx_store *client_c = NULL;
+    job_c.job_token = "job c";
+    job_c.timeout_s = 0.3;
+    assert_int_equal(cx_store_tcp_create(&job_c, &client_c), CFX_ERR_TIMEOUT);
+    char want[48];
+    snprintf(want, sizeof want, "127.0.0.1:%d-%d", port, port + 7);
+    assert_non_null(strstr(cx_error_message(), want));
+    cx_store_destroy(client_a);
+    cx_store_destroy(client_b);
+    cx_store_destroy(server_b);
+    cx_store_destroy(server_a);
     close(fd);
 }
 
@@ -257,7 +312,7 @@ static void test_tcp_foreign_server(void **state)
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, foreign_server, &fd), 0);
     cx_store *s = NULL;
-    assert_int_equal(cx_store_tcp_create("127.0.0.1", ntohs(a.sin_port), 0, 1, 2.0, &s),
+    assert_int_equal(tcp_store("127.0.0.1", ntohs(a.sin_port), 0, 1, 2.0, &s),
                      CFX_ERR_CONFIG);
     assert_non_null(strstr(cx_error_message(), "something other than a Conflux store"));
     pthread_join(th, NULL);
@@ -375,11 +430,15 @@ static void test_launch_torchrun(void **state)
     assert_int_equal(l.local_size, 2);
     assert_string_equal(l.store_host, "node7");
     assert_int_equal(l.store_port, 29501); /* never torch's own MASTER_PORT */
+    assert_true(l.store_port_span > 1);      /* a derived port may be taken */
+    assert_non_null(strstr(l.store_token, "node7:29500"));
     assert_string_equal(l.missing, "");
     vars own = {{"RANK", "0", "WORLD_SIZE", "2", "MASTER_ADDR", "h", "MASTER_PORT", "29500",
                  "CFX_RENDEZVOUS_PORT", "31000", NULL}};
     assert_int_equal(cx_launch_detect(&l, lookup, &own), CFX_OK);
     assert_int_equal(l.store_port, 31000);
+    assert_true(l.store_port_span <= 1); /* a chosen port is the port */
+    assert_string_equal(l.store_token, "");
     vars clash = {{"RANK", "0", "WORLD_SIZE", "2", "MASTER_ADDR", "h", "MASTER_PORT", "29500",
                    "CFX_RENDEZVOUS_PORT", "29500", NULL}};
     assert_int_equal(cx_launch_detect(&l, lookup, &clash), CFX_ERR_CONFIG);
@@ -454,6 +513,7 @@ int main(void)
         cmocka_unit_test(test_tcp_client_before_server),
         cmocka_unit_test(test_tcp_no_server_times_out),
         cmocka_unit_test(test_tcp_port_taken),
+        cmocka_unit_test(test_tcp_port_range_finds_own_job),
         cmocka_unit_test(test_tcp_foreign_server),
         cmocka_unit_test(test_callback_store),
         cmocka_unit_test(test_launch_torchrun),

@@ -10,9 +10,12 @@
 
 /* torchrun's MASTER_PORT belongs to torch's own TCPStore: Conflux's store takes the next port
  * (CFX_RENDEZVOUS_PORT overrides). Slurm gives no port at all: one is derived from the job and
- * step ids so every task of the step computes the same one. */
+ * step ids so every task of the step computes the same one. A derived port can be held by any
+ * other socket of the host (MASTER_PORT + 1 is of the parity Linux gives outgoing connections):
+ * the store may move up to DERIVED_PORT_SPAN - 1 ports on, and the job's token tells it apart. */
 #define SLURM_PORT_BASE 20000
 #define SLURM_PORT_SPAN 20000
+#define DERIVED_PORT_SPAN 8
 #define DEFAULT_RENDEZVOUS_TIMEOUT_S 60.0
 #define DEFAULT_TRANSPORT_TIMEOUT_S 30.0
 
@@ -189,9 +192,19 @@ static cfx_status launcher_meeting_place(const reader *r, cx_launch *l, int own_
             return cx_fail(CFX_ERR_CONFIG, "CFX_RENDEZVOUS_PORT=%d is torchrun's MASTER_PORT, which "
                            "torch's own store listens on: choose another port", own_port);
         set_host(l, addr, strlen(addr));
-        l->store_port = own_port ? own_port : (master_port < 65535 ? master_port + 1 : master_port - 1);
+        l->store_port = own_port ? own_port
+            : master_port + DERIVED_PORT_SPAN <= 65535 ? master_port + 1
+                                                        : master_port - DERIVED_PORT_SPAN;
         snprintf(l->store_source, sizeof l->store_source, "MASTER_ADDR and %s",
                  own_port ? "CFX_RENDEZVOUS_PORT" : "MASTER_PORT + 1");
+        if (!own_port) {
+            /* torchrun names each run and counts its restarts: a restarted group meets anew. */
+            const char *run = env_var(r, "TORCHELASTIC_RUN_ID");
+            const char *restart = env_var(r, "TORCHELASTIC_RESTART_COUNT");
+            l->store_port_span = DERIVED_PORT_SPAN;
+            snprintf(l->store_token, sizeof l->store_token, "torchrun run %.80s at %.120s:%d "
+                     "restart %.16s", run ? run : "-", addr, master_port, restart ? restart : "0");
+        }
         return CFX_OK;
     }
     case CX_LAUNCHER_SLURM: {
@@ -211,6 +224,11 @@ static cfx_status launcher_meeting_place(const reader *r, cx_launch *l, int own_
             : SLURM_PORT_BASE + (int)(((unsigned)job * 31u + (unsigned)step) % SLURM_PORT_SPAN);
         snprintf(l->store_source, sizeof l->store_source, "the first node of SLURM_STEP_NODELIST "
                  "and %s", own_port ? "CFX_RENDEZVOUS_PORT" : "a port from SLURM_JOB_ID/STEP_ID");
+        if (!own_port) {
+            l->store_port_span = DERIVED_PORT_SPAN;
+            snprintf(l->store_token, sizeof l->store_token, "slurm job %d step %d at %.200s",
+                     job, step, l->store_host);
+        }
         return CFX_OK;
     }
     case CX_LAUNCHER_HOROVOD:

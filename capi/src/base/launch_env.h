@@ -36,6 +36,12 @@ typedef struct cx_launch {
      * neither (store_port 0 and store_dir ""; then `missing` says what is lacking). */
     char store_host[CX_LAUNCH_HOST_MAX];
     int store_port;
+    /* A port derived from the launcher's variables may be taken by another program's socket:
+     * the store then takes the first free one of store_port .. store_port + store_port_span - 1,
+     * and ranks know it by store_token (one per job and attempt). Span 1 and no token for a port
+     * the user chose. */
+    int store_port_span;
+    char store_token[256];
     char store_dir[CX_LAUNCH_DIR_MAX];
     /* Rank 0 serves the TCP store unless a launcher does (CFX_RENDEZVOUS_EXTERNAL=1: cfxrun). */
     int store_served_by_launcher;

@@ -61,7 +61,10 @@ static cfx_status open_store(const cx_launch *l, cx_store **out)
     if (l->store_dir[0])
         return cx_store_file_create(l->store_dir, out);
     if (l->store_port && l->store_served_by_launcher)
-        return cx_store_tcp_create(l->store_host, l->store_port, 0, 1, 60, out);
+        return cx_store_tcp_create(&(cx_tcp_store_params){.host = l->store_host,
+                                                           .port = l->store_port,
+                                                           .generation = 1, .timeout_s = 60},
+                                   out);
     return cx_fail(CFX_ERR_CONFIG, "cfx_elastic_init: an elastic job meets through a store that "
                    "outlives every worker: the one cfxrun --elastic serves (CFX_RENDEZVOUS_ADDR "
                    "with CFX_RENDEZVOUS_EXTERNAL=1) or a file store (CFX_RENDEZVOUS_DIR); %s",

@@ -77,7 +77,14 @@ static cfx_status join_over_gloo(const cx_config *cfg, const cx_launch *l,
     else if (l->store_dir[0])
         st = cx_store_file_create(l->store_dir, &store);
     else
-        st = cx_store_tcp_create(l->store_host, l->store_port, serve, generation, rendezvous_s,
+        st = cx_store_tcp_create(&(cx_tcp_store_params){.host = l->store_host,
+                                                        .port = l->store_port,
+                                                        .port_span = l->store_port_span,
+                                                        .job_token = l->store_token[0]
+                                                                         ? l->store_token : NULL,
+                                                        .serve = serve,
+                                                        .generation = generation,
+                                                        .timeout_s = rendezvous_s},
                                  &store);
     if (!st)
         st = cx_store_prefixed(store, space, 1, &store);

@@ -19,6 +19,7 @@
 
 #include "base/clock.h"
 #include "base/error.h"
+#include "base/process.h"
 #include "base/split.h"
 #include "kernels/compress.h"
 #include "kernels/reduce.h"
@@ -119,20 +120,7 @@ static void futex_wake_all(atomic_uint *word)
 /* Whether process `pid` has ended: gone, or a zombie its parent has not reaped yet. */
 static bool process_ended(int pid)
 {
-    if (pid <= 0)
-        return false;
-    if (kill(pid, 0) != 0)
-        return errno == ESRCH;
-    char path[64], stat[256];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return false;
-    size_t n = fread(stat, 1, sizeof stat - 1, f);
-    fclose(f);
-    stat[n] = 0;
-    const char *close_paren = strrchr(stat, ')'); /* "pid (comm) S ...": comm may hold spaces */
-    return close_paren && close_paren[1] == ' ' && (close_paren[2] == 'Z' || close_paren[2] == 'X');
+    return cx_process_probe(pid, 0) == CX_PROCESS_ENDED;
 }
 
 /* Gives up on a barrier: names the local ranks that did not reach generation `gen` + 1 (those

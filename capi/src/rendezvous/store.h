@@ -71,14 +71,27 @@ cfx_status cx_store_from_callbacks(const cfx_store_callbacks *cb, cx_store **out
 /* A file store in `dir` (created when missing). */
 cfx_status cx_store_file_create(const char *dir, cx_store **out);
 
-/* A TCP store client of the server at host:port, connecting until timeout_s (the server may start
- * later). When `serve` is set, this process first starts the server on port (all addresses):
- * CFX_ERR_CONFIG naming the port when it is taken. The server lives until cx_store_destroy.
- * `generation` (>= 1) numbers the worlds one job forms one after another on the same port: a
- * server of an earlier world that is still shutting down is passed over (a launcher's server says
- * 0: it serves every generation). */
-cfx_status cx_store_tcp_create(const char *host, int port, int serve, unsigned generation,
-                               double timeout_s, cx_store **out);
+/* Where a TCP store is and who serves it. */
+typedef struct cx_tcp_store_params {
+    const char *host;
+    int port;
+    /* Ports port .. port + port_span - 1 may hold the store (0 or 1: exactly port). A derived
+     * port may be taken by another program: the server takes the first free one, and clients
+     * try each, taking the store that holds job_token (required with a span above 1). */
+    int port_span;
+    const char *job_token; /* NULL: any Conflux store at the port is this job's */
+    int serve;             /* this process starts the server first (all addresses) */
+    /* (>= 1) numbers the worlds one job forms one after another on the same port: a server of an
+     * earlier world that is still shutting down is passed over (a launcher's server says 0: it
+     * serves every generation). */
+    unsigned generation;
+    double timeout_s; /* clients connect until then (the server may start later) */
+} cx_tcp_store_params;
+
+/* A TCP store client, and its server when p->serve is set (it lives until cx_store_destroy):
+ * CFX_ERR_CONFIG naming the ports when they are all taken, or when another program or another
+ * job's store answers at a chosen port. */
+cfx_status cx_store_tcp_create(const cx_tcp_store_params *p, cx_store **out);
 
 #ifdef __cplusplus
 }

@@ -7,6 +7,11 @@
  * generation (0: any; else the world it serves, see store.h). Requests:
  * 'S' klen key vlen value -> 1 byte (1); 'C' klen key -> 1 byte (1 set, 0 not); 'G' klen key -> 1
  * byte (set or not), then vlen value when set. Keys are set once; a client waits by polling 'C'.
+ *
+ * A store whose port is derived rather than chosen (torchrun's MASTER_PORT + 1, Slurm's job id)
+ * may find it taken by another program's socket: the server then takes the next free port of a
+ * short range, and holds the job's token under JOB_KEY so that a client trying the range knows
+ * its own job's store from another job's.
  */
 #include <errno.h>
 #include <netdb.h>
@@ -27,6 +32,8 @@
 #include "rendezvous/store.h"
 
 #define GREETING "CFXSTORE1\n"
+#define JOB_KEY "cfx/job-token"
+#define GREETING_WAIT_S 3.0 /* trying a range of ports: how long a mute listener may hold us */
 #define GREETING_LEN 10
 #define KEY_LIMIT 4096u
 #define VALUE_LIMIT (256u << 20)
@@ -250,38 +257,80 @@ static void server_stop(tcp_server *s)
     free(s);
 }
 
-static cfx_status server_start(int port, unsigned generation, tcp_server **out)
+/* A listening socket on `port` (all addresses), or -1 with errno set. */
+static int listen_on(int port)
 {
-    tcp_server *s = calloc(1, sizeof *s);
-    if (!s)
-        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "rendezvous: no memory for the TCP store's server");
-    s->generation = generation;
-    s->listen_fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int v6 = s->listen_fd >= 0;
+    int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int v6 = fd >= 0;
     if (!v6)
-        s->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
     int one = 1, zero = 0;
-    setsockopt(s->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (v6)
-        setsockopt(s->listen_fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
     struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port),
                               .sin6_addr = IN6ADDR_ANY_INIT};
     struct sockaddr_in a4 = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
                              .sin_addr.s_addr = htonl(INADDR_ANY)};
-    int rc = v6 ? bind(s->listen_fd, (struct sockaddr *)&a6, sizeof a6)
-                : bind(s->listen_fd, (struct sockaddr *)&a4, sizeof a4);
-    if (rc != 0 || listen(s->listen_fd, 1024) != 0) {
+    int rc = v6 ? bind(fd, (struct sockaddr *)&a6, sizeof a6)
+                : bind(fd, (struct sockaddr *)&a4, sizeof a4);
+    if (rc != 0 || listen(fd, 1024) != 0) {
         int e = errno;
-        close(s->listen_fd);
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
+/* Serves on the first free port of p->port .. p->port + p->port_span - 1; *port_out: which. */
+static cfx_status server_start(const cx_tcp_store_params *p, tcp_server **out, int *port_out)
+{
+    tcp_server *s = calloc(1, sizeof *s);
+    if (!s)
+        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "rendezvous: no memory for the TCP store's server");
+    s->generation = p->generation;
+    int span = p->port_span > 1 ? p->port_span : 1, e = 0;
+    s->listen_fd = -1;
+    for (int i = 0; i < span && s->listen_fd < 0; i++) {
+        s->listen_fd = listen_on(p->port + i);
+        e = errno;
+        *port_out = p->port + i;
+    }
+    if (s->listen_fd < 0) {
         free(s);
-        return cx_fail(CFX_ERR_CONFIG, "rendezvous: cannot serve the TCP store on port %d: %s%s",
-                       port, strerror(e), e == EADDRINUSE ? " (another program has it: set "
+        char ports[48];
+        snprintf(ports, sizeof ports, span > 1 ? "ports %d-%d" : "port %d", p->port,
+                 p->port + span - 1);
+        return cx_fail(CFX_ERR_CONFIG, "rendezvous: cannot serve the TCP store on %s: %s%s", ports,
+                       strerror(e), e == EADDRINUSE ? " (other programs have them: set "
                        "CFX_RENDEZVOUS_PORT to a free port on rank 0's host)" : "");
     }
-    if (pipe(s->wake) != 0 || pthread_create(&s->thread, NULL, server_main, s) != 0) {
+    if (p->job_token) {
+        s->entries = calloc(1, sizeof *s->entries);
+        if (s->entries) {
+            s->cap_entries = s->n_entries = 1;
+            s->entries[0].key = strdup(JOB_KEY);
+            s->entries[0].value = strdup(p->job_token);
+            s->entries[0].len = strlen(p->job_token);
+        }
+    }
+    cfx_status st = CFX_OK;
+    if (p->job_token && (!s->entries || !s->entries[0].key || !s->entries[0].value))
+        st = cx_fail(CFX_ERR_OUT_OF_MEMORY, "rendezvous: no memory for the TCP store's server");
+    else if (pipe(s->wake) != 0 || pthread_create(&s->thread, NULL, server_main, s) != 0)
+        st = cx_fail(CFX_ERR_INTERNAL, "rendezvous: cannot start the TCP store's server thread");
+    if (st) {
         close(s->listen_fd);
+        if (s->entries) {
+            free(s->entries[0].key);
+            free(s->entries[0].value);
+        }
+        free(s->entries);
         free(s);
-        return cx_fail(CFX_ERR_INTERNAL, "rendezvous: cannot start the TCP store's server thread");
+        return st;
     }
     *out = s;
     return CFX_OK;
@@ -393,6 +442,14 @@ static void tcp_interrupt(cx_store *s)
 static const cx_store_ops tcp_ops = {"TCP store", tcp_set, tcp_check, tcp_get, NULL, tcp_interrupt,
                                      tcp_destroy};
 
+/* A server that stops answering fails the request instead of hanging the rank. */
+static void set_io_timeout(int fd, double seconds)
+{
+    struct timeval tv = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e6)};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
 /* One connection attempt to any address of host:port: the socket, or -1 (errno set). */
 static int connect_once(const char *host, int port, double io_timeout_s, int *gai_error)
 {
@@ -413,56 +470,110 @@ static int connect_once(const char *host, int port, double io_timeout_s, int *ga
     if (fd >= 0) {
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        /* A server that stops answering fails the request instead of hanging the rank. */
-        struct timeval tv = {(time_t)io_timeout_s,
-                             (long)((io_timeout_s - (double)(time_t)io_timeout_s) * 1e6)};
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        set_io_timeout(fd, io_timeout_s);
     }
     return fd;
 }
 
-cfx_status cx_store_tcp_create(const char *host, int port, int serve, unsigned generation,
-                               double timeout_s, cx_store **out)
+/* Whether the store at `fd` holds `token` under JOB_KEY: 1 yes, 0 no (another job's), -1 the
+ * connection failed. */
+static int holds_token(int fd, const char *token)
+{
+    unsigned char head[5], present = 0;
+    size_t klen = strlen(JOB_KEY);
+    head[0] = 'G';
+    put_u32(head + 1, (uint32_t)klen);
+    char *value = NULL;
+    uint32_t vlen = 0;
+    if (write_full(fd, head, 5) || write_full(fd, JOB_KEY, klen) || read_full(fd, &present, 1) ||
+        (present && read_blob(fd, VALUE_LIMIT, &value, &vlen)))
+        return -1;
+    int same = present && vlen == strlen(token) && !memcmp(value, token, vlen);
+    free(value);
+    return same;
+}
+
+/* One attempt at this job's store on `port`: the connected socket, or -1 with *why saying what
+ * answered (0: nothing; ECONNREFUSED also for an earlier world's server shutting down; EPROTO:
+ * some other program; EEXIST: another job's store). */
+static int reach_store(const cx_tcp_store_params *p, int port, int *gai, int *why)
+{
+    /* A store greets at once; a program that accepts and stays mute must not hold a client
+     * trying a range of ports for its whole deadline. */
+    double greet_s = p->port_span > 1 && p->timeout_s > GREETING_WAIT_S ? GREETING_WAIT_S
+                                                                        : p->timeout_s;
+    int fd = connect_once(p->host, port, greet_s, gai);
+    *why = errno;
+    if (fd < 0)
+        return -1;
+    unsigned char hello[GREETING_LEN + 4];
+    int unread = read_full(fd, hello, sizeof hello);
+    if (!unread && memcmp(hello, GREETING, GREETING_LEN)) {
+        *why = EPROTO;
+    } else {
+        /* Closed before greeting (a server shutting down), or the server of an earlier world
+         * shutting down: this world's is still to come. */
+        unsigned served = unread ? ~0u : get_u32(hello + GREETING_LEN);
+        *why = ECONNREFUSED;
+        if (served == 0 || served == p->generation) {
+            int mine = p->job_token ? holds_token(fd, p->job_token) : 1;
+            if (mine == 1 && greet_s != p->timeout_s)
+                set_io_timeout(fd, p->timeout_s);
+            if (mine == 1)
+                return fd;
+            *why = mine == 0 ? EEXIST : ECONNREFUSED;
+        }
+    }
+    close(fd);
+    return -1;
+}
+
+cfx_status cx_store_tcp_create(const cx_tcp_store_params *p, cx_store **out)
 {
     tcp_store *t = calloc(1, sizeof *t);
     if (!t)
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "rendezvous: no memory for the TCP store");
     t->fd = -1;
-    t->io_timeout_s = timeout_s;
+    t->io_timeout_s = p->timeout_s;
     t->base.ops = &tcp_ops;
     pthread_mutex_init(&t->mu, NULL);
-    snprintf(t->base.where, sizeof t->base.where, "TCP store at %s:%d", host, port);
-    cfx_status st = serve ? server_start(port, generation, &t->server) : CFX_OK;
-    double deadline = cx_now_s() + timeout_s;
+    int span = p->port_span > 1 ? p->port_span : 1, served_port = p->port;
+    if (span > 1)
+        snprintf(t->base.where, sizeof t->base.where, "TCP store at %s:%d-%d", p->host, p->port,
+                 p->port + span - 1);
+    else
+        snprintf(t->base.where, sizeof t->base.where, "TCP store at %s:%d", p->host, p->port);
+    cfx_status st = p->serve ? server_start(p, &t->server, &served_port) : CFX_OK;
+    if (!st && p->serve && span > 1) { /* the server knows its port: the rest try the range */
+        snprintf(t->base.where, sizeof t->base.where, "TCP store at %s:%d", p->host, served_port);
+        span = 1;
+    }
+    int first = p->serve ? served_port : p->port;
+    double deadline = cx_now_s() + p->timeout_s;
     int gai = 0, err = 0;
     long pause_ns = 1000000L;
-    while (!st) {
+    while (!st && t->fd < 0) {
         /* The server is reached by the same name in every rank, rank 0 included: a name that does
          * not lead back to rank 0's host fails here too rather than splitting the job. */
-        t->fd = connect_once(host, port, timeout_s, &gai);
-        err = errno;
-        if (t->fd >= 0) {
-            unsigned char hello[GREETING_LEN + 4];
-            int unread = read_full(t->fd, hello, sizeof hello);
-            if (!unread && memcmp(hello, GREETING, GREETING_LEN)) {
-                st = cx_fail(CFX_ERR_CONFIG, "rendezvous: something other than a Conflux store "
-                             "answers at %s:%d (set CFX_RENDEZVOUS_PORT to a free port)", host, port);
+        for (int i = 0; i < span && t->fd < 0; i++) {
+            int why = 0;
+            t->fd = reach_store(p, first + i, &gai, &why);
+            if (t->fd < 0 && (why == EPROTO || why == EEXIST) && span == 1) {
+                st = cx_fail(CFX_ERR_CONFIG, "rendezvous: %s answers at %s:%d (set "
+                             "CFX_RENDEZVOUS_PORT to a free port)", why == EPROTO ? "something "
+                             "other than a Conflux store" : "another job's Conflux store",
+                             p->host, first + i);
                 break;
             }
-            unsigned served = unread ? ~0u : get_u32(hello + GREETING_LEN);
-            if (served == 0 || served == generation)
-                break;
-            /* Closed before greeting (a server shutting down), or the server of an earlier world
-             * shutting down: wait for this world's. */
-            close(t->fd);
-            t->fd = -1;
-            err = ECONNREFUSED;
+            if (t->fd < 0 && (i == 0 || why != ECONNREFUSED))
+                err = why; /* the first port's answer, unless a later one says more */
         }
+        if (st || t->fd >= 0)
+            break;
         if (cx_now_s() >= deadline) {
             st = cx_fail(CFX_ERR_TIMEOUT, "rendezvous: cannot reach the %s within %g s: %s (is "
                          "rank 0 running, and is %s its host's address?)", t->base.where,
-                         timeout_s, gai ? gai_strerror(gai) : strerror(err), host);
+                         p->timeout_s, gai ? gai_strerror(gai) : strerror(err), p->host);
             break;
         }
         struct timespec pause = {0, pause_ns};

@@ -45,6 +45,7 @@
 extern "C" {
 #include "base/dtype.h"
 #include "base/error.h"
+#include "base/process.h"
 #include "kernels/reduce.h"
 }
 
@@ -350,6 +351,9 @@ struct State {
     std::unique_ptr<PostedExchange> cross_pair;  /* the cross leg when there are two hosts */
     std::vector<std::string> hosts, addrs;      /* per rank: host name, address Gloo listens on */
     std::vector<int> world_ranks;               /* per rank: its rank in the world */
+    /* Per rank on this machine (same boot and pid namespace): its pid and start time; 0 else. */
+    std::vector<int> pids;
+    std::vector<unsigned long long> starts;
     /* Every other rank's socket endpoints ("[10.0.0.2]:4567", as Gloo's messages write them) ->
      * that rank: an I/O error names the address, the message names the rank. */
     std::vector<std::pair<std::string, int>> pair_peers;
@@ -411,7 +415,8 @@ int blamed_by_others(const State *s)
                 continue;
             int blamed = std::atoi(std::string(static_cast<char *>(data), len).c_str());
             free(data);
-            return blamed;
+            if (blamed >= 0)
+                return blamed;
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
@@ -419,7 +424,8 @@ int blamed_by_others(const State *s)
 }
 
 /* Who an I/O failure points at, and that rank's world rank (-1 when not one rank): the only other
- * rank of two; the rank whose pair address Gloo's message names; the ranks whose heartbeat
+ * rank of two; the ranks on this machine whose process ended or stopped without having failed
+ * first; the rank whose pair address Gloo's message names; the ranks whose heartbeat
  * stopped; rank 0 when the store it serves went silent; the rank another survivor named. */
 std::string suspects(const State *s, int self, const std::string &text, int *world_rank)
 {
@@ -431,6 +437,29 @@ std::string suspects(const State *s, int self, const std::string &text, int *wor
     *world_rank = -1;
     if (n == 2)
         return one(1 - self);
+    /* A peer on this machine whose process ended or stopped is the one lost, whatever address
+     * Gloo's message names: the kernel's word is surer than any other clue. A survivor that
+     * failed before this rank published "blame/<its rank>" before it left: it is not the one. */
+    bool store_silent = false;
+    std::vector<int> quiet = silent_world_ranks(s->root, &store_silent);
+    for (cx_process_state fate : {CX_PROCESS_ENDED, CX_PROCESS_STOPPED}) {
+        std::string all;
+        int found = 0;
+        for (int r = 0; r < n && !store_silent; r++) {
+            std::string key = "blame/" + std::to_string(s->world_ranks[r]);
+            int blamed_someone = 0;
+            if (r != self && s->pids[r] > 0 && cx_process_probe(s->pids[r], s->starts[r]) == fate &&
+                !s->root->store->ops->check(s->root->store, key.c_str(), &blamed_someone) &&
+                !blamed_someone)
+                all += (found++ ? " and " : "") + one(r);
+        }
+        if (found) {
+            if (found > 1)
+                *world_rank = -1;
+            return all + (found > 1 ? " (their processes " : " (its process ") +
+                   (fate == CX_PROCESS_ENDED ? "ended)" : found > 1 ? "are stopped)" : "is stopped)");
+        }
+    }
     for (const auto &p : s->pair_peers) /* "[ip]:port" followed by a non-digit */
         for (size_t at = text.find(p.first); at != std::string::npos;
              at = text.find(p.first, at + 1))
@@ -444,8 +473,6 @@ std::string suspects(const State *s, int self, const std::string &text, int *wor
                                ", which closed its connection, found)";
                 return one(p.second);
             }
-    bool store_silent = false;
-    std::vector<int> quiet = silent_world_ranks(s->root, &store_silent);
     std::vector<int> quiet_here;
     for (int r = 0; r < n; r++)
         if (r != self && std::find(quiet.begin(), quiet.end(), s->world_ranks[r]) != quiet.end())
@@ -487,7 +514,9 @@ template <class F> cfx_status guarded(cx_transport *t, const char *what, F &&bod
         std::string who = suspects(s, t->rank, e.what(), &lost);
         bool store_silent = false;
         silent_world_ranks(s->root, &store_silent);
-        if (first && lost >= 0 && !store_silent) { /* for the survivors whose errors name no one */
+        /* For the survivors whose errors name no one, and to tell them this rank is a survivor
+         * when it has left (-1: it could not name anyone either). */
+        if (first && !store_silent) {
             std::string key = "blame/" + std::to_string(s->root->world_rank), v = std::to_string(lost);
             cx_store_set(s->root->store, key.c_str(), v.data(), v.size());
         }
@@ -1023,21 +1052,38 @@ cfx_status build(Root *root, const std::string &prefix, int rank, int size, cx_t
     cfx_status st = guarded(t, "connection of the ranks", [&] {
         StoreAdapter whole(root->store, root->rendezvous_s);
         gloo::rendezvous::PrefixStore store(prefix, whole);
+        /* Per rank, one line each: host name, Gloo's address, world rank, and "<machine> <pid>
+         * <start time>" so that ranks on one machine can tell a dead peer from a slow one. */
+        char machine[160];
+        cx_process_machine(machine, sizeof machine);
         std::string me = host_name(root, root->world_rank) + "\n" + root->dev->str() + "\n" +
-                         std::to_string(root->world_rank);
+                         std::to_string(root->world_rank) + "\n" + machine + " " +
+                         std::to_string(getpid()) + " " +
+                         std::to_string(cx_process_start_time(getpid()));
         store.set("host/" + std::to_string(rank), std::vector<char>(me.begin(), me.end()));
         for (int r = 0; r < size; r++) {
             std::vector<char> v = store.get("host/" + std::to_string(r));
             std::string text(v.begin(), v.end());
-            size_t nl = text.find('\n');
-            s->hosts.push_back(text.substr(0, nl));
-            size_t nl2 = nl == std::string::npos ? nl : text.find('\n', nl + 1);
-            std::string addr = nl == std::string::npos ? "" : text.substr(nl + 1, nl2 - nl - 1);
-            s->world_ranks.push_back(nl2 == std::string::npos ? r : std::stoi(text.substr(nl2 + 1)));
+            std::vector<std::string> line;
+            for (size_t at = 0; at <= text.size();) {
+                size_t nl = std::min(text.find('\n', at), text.size());
+                line.push_back(text.substr(at, nl - at));
+                at = nl + 1;
+            }
+            line.resize(4);
+            s->hosts.push_back(line[0]);
+            s->world_ranks.push_back(line[2].empty() ? r : std::stoi(line[2]));
             /* Device::str() is "[address]" (with an interface sometimes): keep the address. */
-            size_t a = addr.find('['), b = addr.find(']');
+            size_t a = line[1].find('['), b = line[1].find(']');
             s->addrs.push_back(a != std::string::npos && b != std::string::npos
-                                   ? addr.substr(a + 1, b - a - 1) : addr);
+                                   ? line[1].substr(a + 1, b - a - 1) : line[1]);
+            char their_machine[160] = "";
+            int pid = 0;
+            unsigned long long start = 0;
+            bool here = sscanf(line[3].c_str(), "%159s %d %llu", their_machine, &pid, &start) == 3 &&
+                        !strcmp(their_machine, machine) && r != rank;
+            s->pids.push_back(here ? pid : 0);
+            s->starts.push_back(here ? start : 0);
         }
         /* Hosts in the order of their lowest rank; the local group in rank order. */
         std::vector<std::string> host_order;
