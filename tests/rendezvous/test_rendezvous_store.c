@@ -217,16 +217,24 @@ static void test_tcp_no_server_times_out(void **state)
     assert_non_null(strstr(cx_error_message(), want));
 }
 
-static void test_tcp_port_taken(void **state)
+/* Another program's listener on a port of the kernel's choice (all addresses, or loopback): it
+ * accepts into its backlog and never greets. */
+static int foreign_listener(uint32_t addr, int *port)
 {
-    (void)state;
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(addr)};
     socklen_t len = sizeof a;
     assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
     assert_int_equal(listen(fd, 4), 0);
     assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    int port = ntohs(a.sin_port);
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+static void test_tcp_port_taken(void **state)
+{
+    (void)state;
+    int port, fd = foreign_listener(INADDR_ANY, &port);
     cx_store *s = NULL;
     assert_int_equal(tcp_store("127.0.0.1", port, 1, 1, 1.0, &s), CFX_ERR_CONFIG);
     char want[32];
@@ -244,13 +252,7 @@ static void test_tcp_port_taken(void **state)
 static void test_tcp_port_range_finds_own_job(void **state)
 {
     (void)state;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY)};
-    socklen_t len = sizeof a;
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(listen(fd, 4), 0); /* another program: accepts, never greets */
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    int port = ntohs(a.sin_port);
+    int port, fd = foreign_listener(INADDR_ANY, &port);
     cx_tcp_store_params job_a = {.host = "127.0.0.1", .port = port, .port_span = 8,
                                  .job_token = "job a", .serve = 1, .generation = 1,
                                  .timeout_s = 5.0};
@@ -303,16 +305,11 @@ static void *foreign_server(void *p)
 static void test_tcp_foreign_server(void **state)
 {
     (void)state;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(listen(fd, 4), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    int port, fd = foreign_listener(INADDR_LOOPBACK, &port);
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, foreign_server, &fd), 0);
     cx_store *s = NULL;
-    assert_int_equal(tcp_store("127.0.0.1", ntohs(a.sin_port), 0, 1, 2.0, &s),
+    assert_int_equal(tcp_store("127.0.0.1", port, 0, 1, 2.0, &s),
                      CFX_ERR_CONFIG);
     assert_non_null(strstr(cx_error_message(), "something other than a Conflux store"));
     pthread_join(th, NULL);
