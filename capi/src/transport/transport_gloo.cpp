@@ -9,19 +9,16 @@
  * one hop, receives posted a call ahead); broadcast and barrier are Gloo's; gather of bytes,
  * allgatherv, alltoallv and sendrecv are point-to-point over Gloo's unbound buffers (exact
  * displacements, zero-length pieces skipped); reduce_scatter is an allreduce whose own slice is
- * kept. Every wait carries the deadline of cx_gloo_params.timeout_s.
+ * kept. Every wait carries the deadline of cx_gloo_params.timeout_s; a failed wait names the rank
+ * it lost through gloo_lost.h. What the pieces share (Root, State) is in gloo_state.h.
  */
 #include "transport/transport_gloo.h"
 
-#include <dirent.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cctype>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -30,7 +27,6 @@
 #include <mutex>
 #include <new>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <gloo/allreduce.h>
@@ -42,6 +38,9 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include "transport/gloo_lost.h"
+#include "transport/gloo_state.h"
+
 extern "C" {
 #include "base/dtype.h"
 #include "base/error.h"
@@ -51,7 +50,7 @@ extern "C" {
 
 namespace {
 
-using millis = std::chrono::milliseconds;
+using namespace cx_gloo;
 
 /* Slots of the point-to-point calls: far above the slots Gloo's collectives build from their
  * prefixes (gloo/types.h), one per kind so two kinds never match each other's messages. */
@@ -113,111 +112,10 @@ class StoreAdapter : public gloo::rendezvous::Store {
     double wait_s_;
 };
 
-/* What the world transport and its splits share: the store, Gloo's device, the deadlines. Freed
- * with the last transport that uses it. */
-struct Root {
-    cx_store *store = nullptr;
-    std::shared_ptr<gloo::transport::Device> dev;
-    std::atomic<int> refs{1};
-    int world_rank = 0, world_size = 0;
-    double timeout_s = 30, rendezvous_s = 60;
-    int test_local_size = 0;
-    int store_on_rank0 = 0;
-    std::atomic<bool> broken{false}; /* a peer was lost: no goodbye through the store */
-    /* Heartbeats through the store, so a timeout can name the rank that went silent (a stopped
-     * process keeps its connections open: only its silence shows). */
-    std::thread beat;
-    std::mutex beat_mu;
-    std::condition_variable beat_cv;
-    bool beat_stop = false;
-    double beat_period_s = 1;
-    std::vector<std::string> beat_seen; /* per world rank: its last counter */
-    std::vector<double> beat_advanced;  /* per world rank: when its counter last moved */
-    double beat_round = 0;              /* when the store last answered a whole round */
-};
+} // namespace
 
-double steady_s()
-{
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
-
-void beat_main(Root *root)
-{
-    const int n = root->world_size;
-    std::vector<std::string> keys;
-    for (int r = 0; r < n; r++)
-        keys.push_back("beat/" + std::to_string(r));
-    std::unique_lock<std::mutex> hold(root->beat_mu);
-    for (uint64_t count = 1; !root->beat_stop; count++) {
-        hold.unlock();
-        std::string mine = std::to_string(count);
-        bool ok = !cx_store_set(root->store, keys[root->world_rank].c_str(), mine.data(),
-                                mine.size());
-        std::vector<std::string> seen(static_cast<size_t>(n));
-        for (int r = 0; ok && r < n; r++) {
-            int present = 0;
-            void *data = nullptr;
-            size_t len = 0;
-            ok = !root->store->ops->check(root->store, keys[r].c_str(), &present);
-            if (ok && present && !(ok = !root->store->ops->get(root->store, keys[r].c_str(), &data,
-                                                               &len)))
-                break;
-            if (data)
-                seen[r].assign(static_cast<char *>(data), len);
-            free(data);
-        }
-        hold.lock();
-        double now = steady_s();
-        if (ok) {
-            for (int r = 0; r < n; r++)
-                if (seen[r] != root->beat_seen[r]) {
-                    root->beat_seen[r] = seen[r];
-                    root->beat_advanced[r] = now;
-                }
-            root->beat_round = now;
-        }
-        root->beat_cv.wait_for(hold, std::chrono::duration<double>(root->beat_period_s));
-    }
-}
-
-void start_heartbeat(Root *root)
-{
-    double now = steady_s();
-    root->beat_period_s = std::max(0.5, std::min(2.0, root->timeout_s / 5));
-    root->beat_seen.assign(static_cast<size_t>(root->world_size), std::string());
-    root->beat_advanced.assign(static_cast<size_t>(root->world_size), now);
-    root->beat_round = now;
-    root->beat = std::thread(beat_main, root);
-}
-
-void stop_heartbeat(Root *root)
-{
-    if (!root->beat.joinable())
-        return;
-    {
-        std::lock_guard<std::mutex> hold(root->beat_mu);
-        root->beat_stop = true;
-    }
-    root->beat_cv.notify_all();
-    if (root->broken)
-        cx_store_interrupt(root->store); /* it may be blocked on a silent store server */
-    root->beat.join();
-}
-
-/* World ranks whose heartbeat stopped (more than 2.5 periods), and whether the store went silent
- * itself (then the heartbeats say nothing new). */
-std::vector<int> silent_world_ranks(Root *root, bool *store_silent)
-{
-    std::lock_guard<std::mutex> hold(root->beat_mu);
-    double now = steady_s(), stale = 2.5 * root->beat_period_s;
-    std::vector<int> out;
-    *store_silent = now - root->beat_round > stale;
-    for (int r = 0; !*store_silent && r < root->world_size; r++)
-        if (r != root->world_rank && now - root->beat_advanced[r] > stale)
-            out.push_back(r);
-    return out;
-}
+/* In cx_gloo: State (gloo_state.h) holds it by pointer. */
+namespace cx_gloo {
 
 /* An allreduce in one hop, over receives posted in advance: every rank sends its whole buffer to
  * every other and combines what it receives in rank order (the same order on every rank, so every
@@ -343,24 +241,9 @@ class PostedExchange {
     std::unique_ptr<gloo::transport::UnboundBuffer> inbox_;
 };
 
-struct State {
-    Root *root = nullptr;
-    std::string prefix;                         /* this transport's key space in the store */
-    std::shared_ptr<gloo::Context> ctx, cross;  /* cross: NULL when cross_size is 1 */
-    std::unique_ptr<PostedExchange> world_small; /* small allreduces of the world */
-    std::unique_ptr<PostedExchange> cross_pair;  /* the cross leg when there are two hosts */
-    std::vector<std::string> hosts, addrs;      /* per rank: host name, address Gloo listens on */
-    std::vector<int> world_ranks;               /* per rank: its rank in the world */
-    /* Per rank on this machine (same boot and pid namespace): its pid and start time; 0 else. */
-    std::vector<int> pids;
-    std::vector<unsigned long long> starts;
-    /* Every other rank's socket endpoints ("[10.0.0.2]:4567", as Gloo's messages write them) ->
-     * that rank: an I/O error names the address, the message names the rank. */
-    std::vector<std::pair<std::string, int>> pair_peers;
-    std::vector<int> local_members, cross_members; /* ranks, in local / cross rank order */
-    unsigned split_count = 0;
-    std::mutex split_mu;
-};
+} // namespace cx_gloo
+
+namespace {
 
 struct gloo_transport {
     cx_transport base; /* first: the engine sees a cx_transport */
@@ -374,133 +257,6 @@ millis deadline_of(const State *s)
     return millis(static_cast<long>(s->root->timeout_s * 1000));
 }
 
-/* Who an I/O failure points at: the only other rank of two, or the ranks at the address Gloo's
- * message names ("[10.0.0.2]:4567"), or every host. */
-/* The world rank that world rank `who` published as lost ("blame/<who>"), or -1 (none yet, or
- * the store went silent: a silent store would hold this thread too). */
-int blamed_by(Root *root, int who)
-{
-    bool store_silent = false;
-    silent_world_ranks(root, &store_silent);
-    std::string key = "blame/" + std::to_string(who);
-    int present = 0, blamed = -1;
-    void *data = nullptr;
-    size_t len = 0;
-    if (store_silent || root->store->ops->check(root->store, key.c_str(), &present) || !present ||
-        root->store->ops->get(root->store, key.c_str(), &data, &len))
-        return -1;
-    blamed = std::atoi(std::string(static_cast<char *>(data), len).c_str());
-    free(data);
-    return blamed;
-}
-
-/* What another rank that lost a peer first published ("blame/<world rank>" = the world rank it
- * named), when the store still answers: a rank whose connection was closed by a survivor shutting
- * down learns from that survivor who was lost. -1 when nobody said. */
-int blamed_by_others(const State *s)
-{
-    Root *root = s->root;
-    bool store_silent = false;
-    silent_world_ranks(root, &store_silent);
-    if (store_silent)
-        return -1; /* a silent store would hold this thread too */
-    for (int attempt = 0; attempt < 5; attempt++) {
-        for (int r = 0; r < root->world_size; r++) {
-            std::string key = "blame/" + std::to_string(r);
-            int present = 0;
-            void *data = nullptr;
-            size_t len = 0;
-            if (r == root->world_rank || root->store->ops->check(root->store, key.c_str(), &present) ||
-                !present || root->store->ops->get(root->store, key.c_str(), &data, &len))
-                continue;
-            int blamed = std::atoi(std::string(static_cast<char *>(data), len).c_str());
-            free(data);
-            if (blamed >= 0)
-                return blamed;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    return -1;
-}
-
-/* Who an I/O failure points at, and that rank's world rank (-1 when not one rank): the only other
- * rank of two; the ranks on this machine whose process ended or stopped without having failed
- * first; the rank whose pair address Gloo's message names; the ranks whose heartbeat
- * stopped; rank 0 when the store it serves went silent; the rank another survivor named. */
-std::string suspects(const State *s, int self, const std::string &text, int *world_rank)
-{
-    const int n = static_cast<int>(s->hosts.size());
-    auto one = [&](int r) {
-        *world_rank = s->world_ranks[r];
-        return "rank " + std::to_string(r) + " on host " + s->hosts[r];
-    };
-    *world_rank = -1;
-    if (n == 2)
-        return one(1 - self);
-    /* A peer on this machine whose process ended or stopped is the one lost, whatever address
-     * Gloo's message names: the kernel's word is surer than any other clue. A survivor that
-     * failed before this rank published "blame/<its rank>" before it left: it is not the one. */
-    bool store_silent = false;
-    std::vector<int> quiet = silent_world_ranks(s->root, &store_silent);
-    for (cx_process_state fate : {CX_PROCESS_ENDED, CX_PROCESS_STOPPED}) {
-        std::string all;
-        int found = 0;
-        for (int r = 0; r < n && !store_silent; r++) {
-            std::string key = "blame/" + std::to_string(s->world_ranks[r]);
-            int blamed_someone = 0;
-            if (r != self && s->pids[r] > 0 && cx_process_probe(s->pids[r], s->starts[r]) == fate &&
-                !s->root->store->ops->check(s->root->store, key.c_str(), &blamed_someone) &&
-                !blamed_someone)
-                all += (found++ ? " and " : "") + one(r);
-        }
-        if (found) {
-            if (found > 1)
-                *world_rank = -1;
-            return all + (found > 1 ? " (their processes " : " (its process ") +
-                   (fate == CX_PROCESS_ENDED ? "ended)" : found > 1 ? "are stopped)" : "is stopped)");
-        }
-    }
-    for (const auto &p : s->pair_peers) /* "[ip]:port" followed by a non-digit */
-        for (size_t at = text.find(p.first); at != std::string::npos;
-             at = text.find(p.first, at + 1))
-            if (!isdigit(static_cast<unsigned char>(text[at + p.first.size()]))) {
-                /* A survivor that closed its end after losing a peer itself said whom it lost. */
-                int closer = s->world_ranks[p.second];
-                int theirs = blamed_by(s->root, closer);
-                for (int r = 0; theirs >= 0 && r < n; r++)
-                    if (s->world_ranks[r] == theirs && r != self)
-                        return one(r) + " (as rank " + std::to_string(p.second) +
-                               ", which closed its connection, found)";
-                return one(p.second);
-            }
-    std::vector<int> quiet_here;
-    for (int r = 0; r < n; r++)
-        if (r != self && std::find(quiet.begin(), quiet.end(), s->world_ranks[r]) != quiet.end())
-            quiet_here.push_back(r);
-    std::string beats = " (no heartbeat for over " +
-                        std::to_string(static_cast<int>(2.5 * s->root->beat_period_s + 0.5)) + " s)";
-    if (quiet_here.size() == 1)
-        return one(quiet_here[0]) + beats;
-    if (!quiet_here.empty()) {
-        std::string all;
-        for (int r : quiet_here)
-            all += (all.empty() ? "" : " and ") + one(r);
-        *world_rank = -1;
-        return all + beats;
-    }
-    if (store_silent && s->root->store_on_rank0 && s->world_ranks[0] == 0 && self != 0)
-        return one(0) + " (the rendezvous store it serves stopped answering too)";
-    int blamed = blamed_by_others(s);
-    for (int r = 0; r < n; r++)
-        if (blamed >= 0 && s->world_ranks[r] == blamed && r != self)
-            return one(r) + " (as another rank found)";
-    std::string hosts;
-    for (int r = 0; r < n; r++)
-        if (hosts.find(s->hosts[r]) == std::string::npos)
-            hosts += (hosts.empty() ? "" : ", ") + s->hosts[r];
-    return "a rank on one of the hosts " + hosts;
-}
-
 /* Runs `body`, turning every exception into a status with text naming the call. */
 template <class F> cfx_status guarded(cx_transport *t, const char *what, F &&body)
 {
@@ -512,14 +268,8 @@ template <class F> cfx_status guarded(cx_transport *t, const char *what, F &&bod
         bool first = !s->root->broken.exchange(true);
         int lost = -1;
         std::string who = suspects(s, t->rank, e.what(), &lost);
-        bool store_silent = false;
-        silent_world_ranks(s->root, &store_silent);
-        /* For the survivors whose errors name no one, and to tell them this rank is a survivor
-         * when it has left (-1: it could not name anyone either). */
-        if (first && !store_silent) {
-            std::string key = "blame/" + std::to_string(s->root->world_rank), v = std::to_string(lost);
-            cx_store_set(s->root->store, key.c_str(), v.data(), v.size());
-        }
+        if (first)
+            publish_blame(s, lost);
         return cx_fail(CFX_ERR_PEER_LOST, "gloo %s (rank %d of %d): a peer died or stopped "
                        "answering within %g s (CFX_TRANSPORT_TIMEOUT_S): suspect %s; gloo says: %s",
                        what, t->rank, t->size, s->root->timeout_s, who.c_str(), e.what());
@@ -972,64 +722,6 @@ std::string host_name(const Root *root, int world_rank)
     char name[256] = "";
     gethostname(name, sizeof name - 1);
     return name;
-}
-
-/* This process's IPv4 TCP endpoints, as Gloo's messages write them ("[ip]:port"):
- * the local ends of its sockets (/proc/self/fd -> inodes -> /proc/net/tcp). A pair's connection
- * shows the peer's end in a survivor's error whichever side connected. */
-std::vector<std::string> own_endpoints()
-{
-    std::vector<std::string> inodes, out;
-    if (DIR *d = opendir("/proc/self/fd")) {
-        while (struct dirent *e = readdir(d)) {
-            char link[64] = "", path[300];
-            snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
-            ssize_t n = readlink(path, link, sizeof link - 1);
-            if (n > 9 && !strncmp(link, "socket:[", 8))
-                inodes.emplace_back(link + 8, static_cast<size_t>(n - 9));
-        }
-        closedir(d);
-    }
-    FILE *f = fopen("/proc/net/tcp", "r");
-    char line[512];
-    while (f && fgets(line, sizeof line, f)) {
-        unsigned a, port, st;
-        char inode[32];
-        /* Every state: a connection Gloo started may not be established yet when this runs, and
-         * its local port is fixed from connect() on. */
-        if (sscanf(line, " %*d: %8X:%4X %*8X:%*4X %2X %*s %*s %*s %*s %*s %31s", &a, &port, &st,
-                   inode) != 4 || std::find(inodes.begin(), inodes.end(), inode) == inodes.end())
-            continue;
-        char ep[64];
-        snprintf(ep, sizeof ep, "[%u.%u.%u.%u]:%u", a & 255, (a >> 8) & 255, (a >> 16) & 255,
-                 a >> 24, port);
-        out.push_back(ep);
-    }
-    if (f)
-        fclose(f);
-    return out;
-}
-
-/* Each rank publishes the endpoints its sockets have (pairs' listening addresses and connections'
- * local ends) one per line; every rank keeps them all: the address in a failing pair's message ->
- * that rank. */
-void learn_pair_peers(State *s, gloo::rendezvous::Store &store, gloo::Context &ctx)
-{
-    std::string mine;
-    for (int q = 0; q < ctx.size; q++)
-        if (q != ctx.rank)
-            mine += ctx.getPair(q)->address().str() + "\n";
-    for (const auto &ep : own_endpoints())
-        mine += ep + "\n";
-    store.set("endpoints/" + std::to_string(ctx.rank), std::vector<char>(mine.begin(), mine.end()));
-    for (int r = 0; r < ctx.size; r++) {
-        if (r == ctx.rank)
-            continue;
-        std::vector<char> v = store.get("endpoints/" + std::to_string(r));
-        std::string text(v.begin(), v.end());
-        for (size_t at = 0, nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1)
-            s->pair_peers.emplace_back(text.substr(at, nl - at), r);
-    }
 }
 
 /* The transport over `size` ranks meeting under `prefix`: hosts and addresses through the store,
