@@ -279,6 +279,7 @@ static void test_tcp_port_range_finds_own_job(void **state)
     char want[48];
     snprintf(want, sizeof want, "127.0.0.1:%d-%d", port, port + 7);
     assert_non_null(strstr(cx_error_message(), want));
+    assert_non_null(strstr(cx_error_message(), "another job's Conflux store answers"));
     cx_store_destroy(client_a);
     cx_store_destroy(client_b);
     cx_store_destroy(server_b);

@@ -528,6 +528,14 @@ static int reach_store(const cx_tcp_store_params *p, int port, int *gai, int *wh
     return -1;
 }
 
+/* What reach_store's answer means, for a message. */
+static const char *answer_text(int why)
+{
+    return why == EPROTO   ? "something other than a Conflux store answers"
+           : why == EEXIST ? "another job's Conflux store answers"
+                           : strerror(why);
+}
+
 cfx_status cx_store_tcp_create(const cx_tcp_store_params *p, cx_store **out)
 {
     tcp_store *t = calloc(1, sizeof *t);
@@ -559,10 +567,9 @@ cfx_status cx_store_tcp_create(const cx_tcp_store_params *p, cx_store **out)
             int why = 0;
             t->fd = reach_store(p, first + i, &gai, &why);
             if (t->fd < 0 && (why == EPROTO || why == EEXIST) && span == 1) {
-                st = cx_fail(CFX_ERR_CONFIG, "rendezvous: %s answers at %s:%d (set "
-                             "CFX_RENDEZVOUS_PORT to a free port)", why == EPROTO ? "something "
-                             "other than a Conflux store" : "another job's Conflux store",
-                             p->host, first + i);
+                st = cx_fail(CFX_ERR_CONFIG, "rendezvous: %s at %s:%d (set "
+                             "CFX_RENDEZVOUS_PORT to a free port)", answer_text(why), p->host,
+                             first + i);
                 break;
             }
             if (t->fd < 0 && (i == 0 || why != ECONNREFUSED))
@@ -573,7 +580,7 @@ cfx_status cx_store_tcp_create(const cx_tcp_store_params *p, cx_store **out)
         if (cx_now_s() >= deadline) {
             st = cx_fail(CFX_ERR_TIMEOUT, "rendezvous: cannot reach the %s within %g s: %s (is "
                          "rank 0 running, and is %s its host's address?)", t->base.where,
-                         p->timeout_s, gai ? gai_strerror(gai) : strerror(err), p->host);
+                         p->timeout_s, gai ? gai_strerror(gai) : answer_text(err), p->host);
             break;
         }
         struct timespec pause = {0, pause_ns};
