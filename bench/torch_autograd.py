@@ -15,10 +15,14 @@ rotating from round to round:
   ddp_<backend>            torch.nn.parallel.DistributedDataParallel at its defaults over a process
                            group of that backend (DDP_BACKENDS: "gloo", and "conflux", the backend
                            `import conflux.torch` registers; a row says why when it cannot run)
+  ddp_conflux_shm_hook     DDP on "conflux" with conflux.torch.ddp_hooks.shared_memory_hook (its buckets
+                           moved into shared tensor memory, reduced there in place); _view: and DDP's
+                           gradient_as_bucket_view=True (the gradients are views of the buckets: no copies)
   torch_conflux_optimizer  conflux.torch.DistributedOptimizer at its defaults
   torch_hvd_optimizer      conflux.horovod.torch.DistributedOptimizer at its defaults
 Each step: zero_grad, forward, backward, step (SGD); timed from a barrier to the step's return on every
-rank, the max over ranks per step; rows give the median, min and p90 (max_s column: the p90).
+rank, the max over ranks per step (glibc keeps the memory a step frees, --allocator: see
+keep_freed_memory); rows give the median, min and p90 (max_s column: the p90).
 METHOD.after_backward rows: the time from backward's return to the step's return (the communication
 backward did not hide; DDP waits for its buckets inside backward, so its row is the SGD update alone).
 communication = step - local (bench/run's table). Checks (the bench fails on any): the first step of
@@ -27,6 +31,7 @@ gradient averaged over the ranks is p - mean c), computed here; after the timed 
 parameters must be bitwise the same on every rank (a digest of their bytes compared across ranks).
 """
 import argparse
+import ctypes
 import hashlib
 import os
 import sys
@@ -44,6 +49,19 @@ REPS = {  # model -> mode -> (warm-up steps, timed steps)
     "resnet18": {"full": (3, 20), "quick": (2, 8), "smoke": (1, 1)},
 }
 RESNET18_BATCH, RESNET18_IMAGE = 8, 64  # per rank: a small batch, so a step takes ~0.1-0.3 s per core
+
+
+def keep_freed_memory():
+    """glibc keeps what the step frees instead of handing it back to the kernel (mallopt: blocks up
+    to 32 MiB from the heap, no trimming). Why: on this VM a page handed back is handed on to the
+    host, and touching it again costs a fault at both levels; the step's temporaries (forward and
+    backward allocate ~100 MB of them on the ResNet-50 shape) then cost 20 to 325 ms a step at
+    random instead of a steady 44 ms, in the local step as much as in any other. Every method
+    runs in this one process, so all get the same allocator."""
+    libc = ctypes.CDLL("libc.so.6")
+    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3  # malloc.h
+    return all(libc.mallopt(k, v) == 1 for k, v in ((m_mmap_threshold, 32 << 20), (m_trim_threshold, 1 << 30),
+                                                   (m_top_pad, 64 << 20)))
 
 
 def read_tsv(path):
@@ -117,9 +135,13 @@ def main():
     ap.add_argument("--perturb-rank", type=int, default=-1,
                     help="tests only: this rank nudges one parameter of every method before the check, which "
                          "must then fail (the check can fail)")
+    ap.add_argument("--allocator", choices=["keep", "glibc"], default="keep",
+                    help="keep: glibc keeps freed memory (keep_freed_memory; what the tables use); glibc: its "
+                         "defaults, to see what they cost")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch.set_num_threads per rank (0: cores / ranks, at least 1)")
     args = ap.parse_args()
+    kept = args.allocator == "keep" and keep_freed_memory()
     rank, size = init_gloo()
     # Intra-op threads: the ranks share the cores; more threads than cores per rank oversubscribe
     # (torch's default is every core in every rank).
@@ -127,8 +149,9 @@ def main():
     out = open(args.raw, "w") if rank == 0 else None
     if out:
         out.write("group,workload,tensors,bytes,method,reps,median_s,min_s,max_s,check\n")
-        print("torch_autograd.py: %d ranks, torch %s, %d intra-op threads per rank, mode %s"
-              % (size, torch.__version__, torch.get_num_threads(), args.mode), flush=True)
+        print("torch_autograd.py: %d ranks, torch %s, %d intra-op threads per rank, mode %s, allocator %s"
+              % (size, torch.__version__, torch.get_num_threads(), args.mode,
+                 "keeps freed memory" if kept else "glibc's defaults"), flush=True)
     failures = 0
 
     def emit(model, nparams, nbytes, method, res, chk):
@@ -202,6 +225,13 @@ def main():
             m = build()
             ddp = torch.nn.parallel.DistributedDataParallel(m, process_group=groups[b])
             methods.append(("ddp_" + b, ddp, torch.optim.SGD(ddp.parameters(), lr=lr), dist.barrier))
+        for name, options in (("ddp_conflux_shm_hook", {}),
+                              ("ddp_conflux_shm_hook_view", {"gradient_as_bucket_view": True})):
+            if "conflux" in backends:  # the backend's own hook: DDP's buckets reduced in shared memory
+                m = build()
+                ddp = torch.nn.parallel.DistributedDataParallel(m, process_group=groups["conflux"], **options)
+                ddp.register_comm_hook(groups["conflux"], cfx.ddp_hooks.shared_memory_hook)
+                methods.append((name, ddp, torch.optim.SGD(ddp.parameters(), lr=lr), dist.barrier))
         for name, mod, why in (("torch_conflux_optimizer", cfx, cfx_why), ("torch_hvd_optimizer", hvd, hvd_why)):
             if mod is None:
                 na(model_name, name, why)

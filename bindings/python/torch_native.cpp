@@ -21,6 +21,10 @@
  *
  * allreduce(...): the per-call path of conflux.torch's lone allreduce (allreduce_, allreduce,
  * allreduce_async_, and so Horovod's), below ("The lone allreduce").
+ *
+ * move_to_shared(tensor): moves the memory under a tensor's storage into shared tensor memory, for
+ * every tensor that shares the storage at once (conflux.torch.ddp_hooks.shared_memory_hook moves
+ * DDP's bucket, and with it the reducer's views of it). Below ("Moving a storage").
  */
 #include <Python.h>
 
@@ -35,6 +39,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -311,6 +316,33 @@ PyMethodDef lone_allreduce_def = {
     "allreduce(form, name, tensor, op, prescale, postscale, compression, ctx_address): the lone "
     "allreduce's per-call path (torch_native.cpp); None when the caller's Python path must take it"};
 
+/* ---- Moving a storage ----
+ * The StorageImpl's data pointer is swapped for a block of shared tensor memory holding the same
+ * bytes; every tensor that views the storage (DDP's bucket, the reducer's per-parameter views and,
+ * with gradient_as_bucket_view, the .grad of the parameters) reads and writes the block from then
+ * on, and the old memory goes when the swapped-out DataPtr does. The block goes back to the pool
+ * when the storage dies (the pool outlives cfx_shutdown, so that may be later). The caller
+ * guarantees that no kernel is using the memory meanwhile: DDP's hook runs once the bucket is full
+ * and before anything reads it. */
+void free_shared(void *block) { cfx_free(block); }
+
+bool move_to_shared(const at::Tensor &t)
+{
+    c10::StorageImpl *impl = t.storage().unsafeGetStorageImpl();
+    if (!t.is_cpu() || impl->nbytes() == 0)
+        return false;
+    const size_t nbytes = impl->nbytes();
+    if (cfx_is_shared(impl->data(), nbytes))
+        return true;
+    void *block = nullptr;
+    cfx_status st = cfx_alloc(nbytes, &block);
+    if (st != CFX_OK)
+        throw std::runtime_error(std::string("conflux: move_to_shared: ") + cfx_last_error());
+    std::memcpy(block, impl->data(), nbytes);
+    impl->set_data_ptr(at::DataPtr(block, block, &free_shared, t.device()));
+    return true;
+}
+
 } // namespace
 
 PYBIND11_MODULE(_torch_native, m)
@@ -329,6 +361,9 @@ PYBIND11_MODULE(_torch_native, m)
         .def("remove", &Hooks::remove);
     m.add_object("allreduce", py::reinterpret_steal<py::object>(
                                   PyCFunction_NewEx(&lone_allreduce_def, nullptr, m.ptr())));
+    m.def("move_to_shared", &move_to_shared,
+          "Moves the memory under the tensor's storage (every view of it) into shared tensor "
+          "memory; False for a tensor not on the CPU or an empty storage (torch_native.cpp)");
     m.def("init_allreduce", [](py::object raise_status) {
         Py_XSETREF(g_raise_status, raise_status.release().ptr());
     }, "Sets the function that raises a cfx_status with its message (conflux._core.raise_status)");

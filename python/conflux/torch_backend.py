@@ -40,6 +40,8 @@ from torch._C._distributed_c10d import ProcessGroup as _ProcessGroup, Work as _W
 from . import _core
 from . import _torch_collectives
 from ._torch_broadcast import broadcast_object
+from ._torch_adapter import shared_empty
+from ._torch_collectives import _torch_native
 from .torch_process_sets import ProcessSet
 
 BACKEND = "conflux"
@@ -187,6 +189,7 @@ class ConfluxProcessGroup(_ProcessGroup):
         self._completer = _Completer(label)
         self._pending = {}
         self._completed = collections.deque(maxlen=_KEEP_COMPLETED)
+        self._shared_buckets = {}  # ddp_hooks.shared_memory_hook: (bucket index, numel, dtype) -> block
 
     def getBackendName(self):
         return BACKEND
@@ -536,11 +539,7 @@ def _env_or_conflux(original):
 # ---- DDP communication hooks ----
 def _compressed_hook(compression, label):
     def hook(state, bucket):
-        pg = state if state is not None else dist.distributed_c10d._get_default_group()
-        if not isinstance(pg, ConfluxProcessGroup):
-            raise TypeError("conflux.torch.ddp_hooks.%s needs a conflux process group (state=None "
-                            "with init_process_group(\"conflux\"), or the group), not %r"
-                            % (label, pg))
+        pg = _hook_group(state, label)
         return pg._allreduce_future(bucket.buffer(), _core.Average, compression)
     hook.__name__ = hook.__qualname__ = label
     hook.__doc__ = ("DDP communication hook: averages the bucket with the engine's %s wire "
@@ -551,8 +550,39 @@ def _compressed_hook(compression, label):
     return hook
 
 
+def shared_memory_hook(state, bucket):
+    """DDP communication hook: averages DDP's bucket in Conflux's shared tensor memory, so that the
+    engine reduces it in place across the host's ranks (the direct path: no copy in or out).
+    The first time it sees a bucket it moves the bucket's memory into shared tensor memory
+    (conflux._torch_native.move_to_shared: the reducer's views of the bucket move with it), so from
+    then on DDP copies the gradients straight into shared memory and back out, the two copies it
+    makes anyway. Without the native module each bucket is copied into a shared block kept for it
+    instead (one copy more). Exact like the default hook (float32 sums in local-rank order).
+    model.register_comm_hook(None, hook), or the conflux process group as the state."""
+    pg = _hook_group(state, "shared_memory_hook")
+    buf = bucket.buffer()
+    if _torch_native is not None and _torch_native.move_to_shared(buf):
+        return pg._allreduce_future(buf, _core.Average, 0)
+    key = (bucket.index(), buf.numel(), buf.dtype)
+    block = pg._shared_buckets.get(key)
+    if block is None:  # the first step, or DDP rebuilt its buckets: drop the blocks of the old plan
+        if any(k[0] == key[0] for k in pg._shared_buckets):
+            pg._shared_buckets.clear()
+        block = pg._shared_buckets[key] = shared_empty(buf.numel(), dtype=buf.dtype)
+    block.copy_(buf.view(-1))
+    return pg._allreduce_future(block, _core.Average, 0)
+
+
+def _hook_group(state, label):
+    pg = state if state is not None else dist.distributed_c10d._get_default_group()
+    if not isinstance(pg, ConfluxProcessGroup):
+        raise TypeError("conflux.torch.ddp_hooks.%s needs a conflux process group (state=None with "
+                        "init_process_group(\"conflux\"), or the group), not %r" % (label, pg))
+    return pg
+
+
 # (Not torch's hook names: DDP refuses a hook named bf16_compress_hook without CUDA and NCCL.)
-ddp_hooks = types.SimpleNamespace(**{
+ddp_hooks = types.SimpleNamespace(shared_memory_hook=shared_memory_hook, **{
     label: _compressed_hook(compression, label) for label, compression in (
         ("fp16_wire_hook", _core.Compression.fp16),
         ("bf16_wire_hook", _core.Compression.bf16),

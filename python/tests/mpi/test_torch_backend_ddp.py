@@ -189,3 +189,54 @@ def test_compressed_hook_needs_conflux_group(rank, size):
     with pytest.raises(TypeError, match="fp16_wire_hook needs a conflux process group"):
         cfx.ddp_hooks.fp16_wire_hook(gloo, None)
     dist.destroy_process_group(gloo)
+
+
+def in_shared_memory(t):
+    from conflux import _capi
+    return bool(_capi.cfx_is_shared(t.data_ptr(), t.numel() * t.element_size()))
+
+
+@pytest.mark.parametrize("config", ["defaults", "bucket_view", "small_buckets", "static_graph"])
+@pytest.mark.parametrize("native", [True, False], ids=["moved", "copied"])
+def test_shared_memory_hook_matches_local_model(config, native, rank, size, monkeypatch):
+    """conflux.torch.ddp_hooks.shared_memory_hook: still the local model trained on every rank's
+    batch. "moved": DDP's buckets themselves move into shared tensor memory (with
+    gradient_as_bucket_view the .grad tensors are views of them, so they lie there too);
+    "copied": without the native module each bucket is copied into a shared block of its own."""
+    from conflux import torch_backend
+    if native and torch_backend._torch_native is None:
+        pytest.skip("conflux._torch_native is not built here (libtorch-dev, pybind11-dev): "
+                    "only the copying form can run")
+    if not native:
+        monkeypatch.setattr(torch_backend, "_torch_native", None)
+    model = ddp_model(rank, **CONFIGS[config])
+    model.register_comm_hook(None, cfx.ddp_hooks.shared_memory_hook)
+    train_both(model, reference_model(), rank, size, 5, lambda step: loss_of(model, rank, step).backward())
+    if native and config == "bucket_view":
+        grads = [p.grad for p in model.parameters()]
+        assert all(in_shared_memory(g) for g in grads), [in_shared_memory(g) for g in grads]
+
+
+def test_move_to_shared_moves_every_view(rank, size):
+    """The storage's memory moves; a tensor and its views read and write the same bytes after."""
+    from conflux import torch_backend
+    native = torch_backend._torch_native
+    if native is None:
+        pytest.skip("conflux._torch_native is not built here (libtorch-dev, pybind11-dev)")
+    t = torch.arange(1000, dtype=torch.float32)
+    view = t[10:20].view(2, 5)
+    assert not in_shared_memory(t)
+    assert native.move_to_shared(t)
+    assert in_shared_memory(t) and in_shared_memory(view)
+    assert torch.equal(t, torch.arange(1000, dtype=torch.float32))
+    view[1, 4] = -7.0
+    assert float(t[19]) == -7.0
+    assert native.move_to_shared(t)  # already there: nothing moves
+    assert not native.move_to_shared(torch.empty(0))
+
+
+def test_shared_memory_hook_needs_conflux_group(rank, size):
+    gloo = dist.new_group(backend="gloo")
+    with pytest.raises(TypeError, match="shared_memory_hook needs a conflux process group"):
+        cfx.ddp_hooks.shared_memory_hook(gloo, None)
+    dist.destroy_process_group(gloo)
