@@ -17,7 +17,8 @@ rotating from round to round:
                            `import conflux.torch` registers; a row says why when it cannot run)
   ddp_conflux_shm_hook     DDP on "conflux" with conflux.torch.ddp_hooks.shared_memory_hook (its buckets
                            moved into shared tensor memory, reduced there in place); _view: and DDP's
-                           gradient_as_bucket_view=True (the gradients are views of the buckets: no copies)
+                           gradient_as_bucket_view=True (the gradients are views of the buckets: no copies),
+                           beside ddp_gloo_view: DDP on Gloo with that option too
   torch_conflux_optimizer  conflux.torch.DistributedOptimizer at its defaults
   torch_hvd_optimizer      conflux.horovod.torch.DistributedOptimizer at its defaults
 Each step: zero_grad, forward, backward, step (SGD); timed from a barrier to the step's return on every
@@ -225,6 +226,10 @@ def main():
             m = build()
             ddp = torch.nn.parallel.DistributedDataParallel(m, process_group=groups[b])
             methods.append(("ddp_" + b, ddp, torch.optim.SGD(ddp.parameters(), lr=lr), dist.barrier))
+        if "gloo" in backends:  # the base of the _view row below: Gloo with the same DDP option
+            m = build()
+            ddp = torch.nn.parallel.DistributedDataParallel(m, gradient_as_bucket_view=True)
+            methods.append(("ddp_gloo_view", ddp, torch.optim.SGD(ddp.parameters(), lr=lr), dist.barrier))
         for name, options in (("ddp_conflux_shm_hook", {}),
                               ("ddp_conflux_shm_hook_view", {"gradient_as_bucket_view": True})):
             if "conflux" in backends:  # the backend's own hook: DDP's buckets reduced in shared memory

@@ -5,7 +5,8 @@ on torch.distributed run on it. `import conflux.torch` registers it (once per in
 Owns the process group class, its Work objects, the backend's creator (which joins the engine and
 checks that torch's rank and size are the engine's), the rendezvous "conflux://" (the engine hands
 rank 0's address to the other ranks, so a job started by mpirun or cfxrun needs no MASTER_ADDR),
-dist.new_group's subset contexts, and DDP's compressed communication hooks (`ddp_hooks`).
+dist.new_group's subset contexts, and DDP's communication hooks (`ddp_hooks`: the wire-compressed ones
+and the shared-memory one, which moves DDP's buckets into shared tensor memory).
 
 How a collective completes: the method submits it to the engine and returns a Work at once; a
 thread of the process group waits for the engine's handles in submission order and completes each
