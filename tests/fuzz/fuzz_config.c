@@ -64,6 +64,8 @@ static void check_accepted(const cx_config *c, const cfx_init_options *o)
     FUZZ_CHECK(c->transport >= 0 && c->transport <= LAST_TRANSPORT_KIND, "transport %d", c->transport);
     FUZZ_CHECK(c->fusion_threshold >= 0, "fusion %lld", (long long)c->fusion_threshold);
     FUZZ_CHECK(c->chunk_bytes >= CX_CHUNK_MIN, "chunk %lld", (long long)c->chunk_bytes);
+    FUZZ_CHECK(c->hierarchical_chunk_bytes == 0 || c->hierarchical_chunk_bytes >= CX_CHUNK_MIN,
+               "hierarchical chunk %lld", (long long)c->hierarchical_chunk_bytes);
     FUZZ_CHECK(c->cache_capacity >= 0 && c->cache_capacity <= (1 << 24), "cache %lld",
                (long long)c->cache_capacity);
     FUZZ_CHECK(c->cycle_time_ms >= CX_CYCLE_TIME_MIN_MS && c->cycle_time_ms <= CX_CYCLE_TIME_MAX_MS,

@@ -126,6 +126,39 @@ static void lookup_and_precedence(void **state)
     assert_int_equal(cfg.chunk_bytes, 65536);
 }
 
+/* The two-level path's chunk: the transport's by default (0 here); an explicit CFX_CHUNK_BYTES
+ * (or the chunk_bytes option) sets it too, and CFX_HIERARCHICAL_CHUNK_BYTES wins over both. */
+static void hierarchical_chunk(void **state)
+{
+    (void)state;
+    cx_config cfg;
+    assert_int_equal(load(&cfg, NULL, no_vars), CFX_OK);
+    assert_true(cfg.chunk_bytes == 1 << 20 && cfg.hierarchical_chunk_bytes == 0);
+    const char *chunk[] = {"CFX_CHUNK_BYTES=64K", NULL};
+    assert_int_equal(load(&cfg, NULL, chunk), CFX_OK);
+    assert_true(cfg.chunk_bytes == 65536 && cfg.hierarchical_chunk_bytes == 65536);
+    const char *both[] = {"CFX_HIERARCHICAL_CHUNK_BYTES=2M", "CFX_CHUNK_BYTES=64K", NULL};
+    assert_int_equal(load(&cfg, NULL, both), CFX_OK);
+    assert_true(cfg.chunk_bytes == 65536 && cfg.hierarchical_chunk_bytes == 2 << 20);
+    cfx_init_options o;
+    cfx_init_options_init(&o, CFX_INIT_OPTIONS_VERSION);
+    o.chunk_bytes = 4096;
+    assert_int_equal(load(&cfg, &o, no_vars), CFX_OK);
+    assert_true(cfg.chunk_bytes == 4096 && cfg.hierarchical_chunk_bytes == 4096);
+    const char *own[] = {"CFX_HIERARCHICAL_CHUNK_BYTES=2M", NULL}; /* wins over the option too */
+    assert_int_equal(load(&cfg, &o, own), CFX_OK);
+    assert_true(cfg.chunk_bytes == 4096 && cfg.hierarchical_chunk_bytes == 2 << 20);
+    const char *small[] = {"CFX_HIERARCHICAL_CHUNK_BYTES=8", NULL};
+    assert_int_equal(load(&cfg, NULL, small), CFX_ERR_CONFIG);
+    assert_non_null(strstr(cx_error_message(), "CFX_HIERARCHICAL_CHUNK_BYTES"));
+    cx_config_agreed agreed;
+    assert_int_equal(load(&cfg, NULL, both), CFX_OK);
+    cx_config_get_agreed(&cfg, &agreed);
+    assert_int_equal(load(&cfg, NULL, no_vars), CFX_OK);
+    cx_config_set_agreed(&cfg, &agreed); /* rank 0's value reaches the others */
+    assert_true(cfg.hierarchical_chunk_bytes == 2 << 20);
+}
+
 /* Every malformed value fails the load with CFX_ERR_CONFIG naming the variable and the value. */
 static void malformed_values_name_variable_and_value(void **state)
 {
@@ -136,7 +169,7 @@ static void malformed_values_name_variable_and_value(void **state)
         "CFX_COMPRESSION_EVERYWHERE=maybe", "CFX_TEST_FAIL=x:pre", "CFX_TEST_FAIL=64:pre",
         "CFX_TEST_FAIL=1:pre:later", "CFX_TEST_FAIL=1", "CFX_TEST_FAIL=1:", "CFX_TEST_LOCAL_SIZE=two",
         "CFX_TEST_LOCAL_SIZE=-1", "CFX_TEST_DIRECT_MAP_FAIL=64", "CFX_TEST_DIRECT_MAP_FAIL=1x",
-        "CFX_TEST_DEVICE_PATH=cuda"};
+        "CFX_TEST_DEVICE_PATH=cuda", "CFX_HIERARCHICAL_CHUNK_BYTES=3Q"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         const char *vars[] = {bad[i], NULL};
         cx_config cfg;
@@ -276,6 +309,7 @@ int main(void)
         cmocka_unit_test(overflowing_variables_refused),
         cmocka_unit_test(test_wire_version),
         cmocka_unit_test(lookup_and_precedence),
+        cmocka_unit_test(hierarchical_chunk),
         cmocka_unit_test(malformed_values_name_variable_and_value),
         cmocka_unit_test(sizes_booleans_and_hooks_parsed),
         cmocka_unit_test(process_wide_bytes),

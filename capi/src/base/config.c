@@ -120,6 +120,9 @@ static cfx_status load_env(cx_config *cfg, const source *src)
         return st;
     if ((v = var(src, "CFX_CHUNK_BYTES")) && (st = cx_parse_bytes("CFX_CHUNK_BYTES", v, &cfg->chunk_bytes)))
         return st;
+    if ((v = var(src, "CFX_HIERARCHICAL_CHUNK_BYTES")) &&
+        (st = cx_parse_bytes("CFX_HIERARCHICAL_CHUNK_BYTES", v, &cfg->hierarchical_chunk_bytes)))
+        return st;
     if ((v = var(src, "CFX_CACHE_CAPACITY")) && (st = cx_parse_bytes("CFX_CACHE_CAPACITY", v, &cfg->cache_capacity)))
         return st;
     if ((v = var(src, "CFX_CYCLE_TIME")) && (st = parse_double("CFX_CYCLE_TIME", v, &cfg->cycle_time_ms)))
@@ -235,6 +238,10 @@ static cfx_status check(const cx_config *cfg)
     if (cfg->chunk_bytes < CX_CHUNK_MIN)
         return cx_fail(CFX_ERR_CONFIG, "chunk size %lld bytes (CFX_CHUNK_BYTES) is below the "
                        "minimum of %d", (long long)cfg->chunk_bytes, CX_CHUNK_MIN);
+    if (cfg->hierarchical_chunk_bytes != 0 && cfg->hierarchical_chunk_bytes < CX_CHUNK_MIN)
+        return cx_fail(CFX_ERR_CONFIG, "chunk size %lld bytes (CFX_HIERARCHICAL_CHUNK_BYTES) is "
+                       "below the minimum of %d", (long long)cfg->hierarchical_chunk_bytes,
+                       CX_CHUNK_MIN);
     if (!(cfg->cycle_time_ms >= CX_CYCLE_TIME_MIN_MS && cfg->cycle_time_ms <= CX_CYCLE_TIME_MAX_MS))
         return cx_fail(CFX_ERR_CONFIG, "cycle time %g ms (CFX_CYCLE_TIME) is outside %g .. %g",
                        cfg->cycle_time_ms, CX_CYCLE_TIME_MIN_MS, CX_CYCLE_TIME_MAX_MS);
@@ -278,6 +285,7 @@ cfx_status cx_config_load_from(cx_config *cfg, const cfx_init_options *opts,
     cfg->transport = CFX_TRANSPORT_AUTO;
     cfg->fusion_threshold = DEFAULT_FUSION_THRESHOLD;
     cfg->chunk_bytes = DEFAULT_CHUNK_BYTES;
+    cfg->hierarchical_chunk_bytes = 0; /* the transport's (cx_transport_caps.cross_chunk_bytes) */
     cfg->cache_capacity = DEFAULT_CACHE_CAPACITY;
     cfg->cycle_time_ms = DEFAULT_CYCLE_TIME_MS;
     cfg->stall_warning_s = DEFAULT_STALL_WARNING_S;
@@ -290,9 +298,13 @@ cfx_status cx_config_load_from(cx_config *cfg, const cfx_init_options *opts,
     cfg->autotune_window_s = 0.5;
     cfg->wait_runs_cycles = 1;
     cfg->gradset_bucket_bytes = DEFAULT_GRADSET_BUCKET_BYTES;
-    cfx_status st = load_env(cfg, &(source){lookup, user});
+    source src = {lookup, user};
+    cfx_status st = load_env(cfg, &src);
     if (st == CFX_OK && opts)
         st = load_options(cfg, opts);
+    /* A chunk the user chose applies across hosts too, unless that path has its own. */
+    if (cfg->hierarchical_chunk_bytes == 0 && (var(&src, "CFX_CHUNK_BYTES") || (opts && opts->chunk_bytes >= 0)))
+        cfg->hierarchical_chunk_bytes = cfg->chunk_bytes;
     if (st == CFX_OK)
         st = check(cfg);
     return st;
@@ -303,6 +315,7 @@ void cx_config_get_agreed(const cx_config *cfg, cx_config_agreed *out)
     memset(out, 0, sizeof *out);
     out->fusion_threshold = cfg->fusion_threshold;
     out->chunk_bytes = cfg->chunk_bytes;
+    out->hierarchical_chunk_bytes = cfg->hierarchical_chunk_bytes;
     out->cache_capacity = cfg->cache_capacity;
     out->gradset_bucket_bytes = cfg->gradset_bucket_bytes;
     out->cycle_time_ms = cfg->cycle_time_ms;
@@ -317,6 +330,7 @@ void cx_config_set_agreed(cx_config *cfg, const cx_config_agreed *a)
 {
     cfg->fusion_threshold = a->fusion_threshold;
     cfg->chunk_bytes = a->chunk_bytes;
+    cfg->hierarchical_chunk_bytes = a->hierarchical_chunk_bytes;
     cfg->cache_capacity = a->cache_capacity;
     cfg->gradset_bucket_bytes = a->gradset_bucket_bytes;
     cfg->cycle_time_ms = a->cycle_time_ms;

@@ -32,6 +32,10 @@ typedef struct cx_config {
     int32_t transport;          /* cfx_transport_kind */
     int64_t fusion_threshold;   /* bytes; 0 = no fusion */
     int64_t chunk_bytes;        /* large reductions run as chunks of this size */
+    int64_t hierarchical_chunk_bytes; /* CFX_HIERARCHICAL_CHUNK_BYTES: the chunk of the two-level
+                                         path (its block crosses hosts in one call); an explicit
+                                         CFX_CHUNK_BYTES / chunk_bytes sets it too unless it is set;
+                                         0: the transport's (caps.cross_chunk_bytes) */
     int64_t cache_capacity;     /* entries; 0 = no cache */
     double cycle_time_ms;       /* idle wake-up period of the background thread */
     double stall_warning_s;
@@ -66,7 +70,8 @@ cfx_status cx_config_env_bytes(const char *var, int64_t min, int64_t *out);
 
 /* The fields every rank must share (broadcast from rank 0 at init). */
 typedef struct cx_config_agreed {
-    int64_t fusion_threshold, chunk_bytes, cache_capacity, gradset_bucket_bytes;
+    int64_t fusion_threshold, chunk_bytes, hierarchical_chunk_bytes, cache_capacity,
+        gradset_bucket_bytes;
     double cycle_time_ms, stall_warning_s, stall_timeout_s;
     int32_t deterministic, shm, hierarchical, pad;
 } cx_config_agreed;

@@ -204,7 +204,14 @@ cfx_status cx_shm_layer_setup(cx_transport **tp, const cx_config *c, const cx_lo
     if ((st = cx_launch_timeouts(NULL, NULL, &rendezvous_s, &transport_s)))
         return st;
     cx_host_path path = {NULL, !one_host};
-    st = cx_shm_create(t, (size_t)c->chunk_bytes, transport_s, c->test.direct_map_fail, &path.shm);
+    /* Across hosts a chunk's blocks cross in one transport call each: the chunk the user set for
+     * this path, else the one the transport wants, else the engine's. */
+    size_t chunk = (size_t)c->chunk_bytes;
+    if (!one_host && c->hierarchical_chunk_bytes > 0)
+        chunk = (size_t)c->hierarchical_chunk_bytes;
+    else if (!one_host && t->ops->caps.cross_chunk_bytes)
+        chunk = t->ops->caps.cross_chunk_bytes;
+    st = cx_shm_create(t, chunk, transport_s, c->test.direct_map_fail, &path.shm);
     if (st == CFX_ERR_TRANSPORT) { /* no usable /dev/shm: the transport alone still works */
         cx_log(log, CX_LOG_WARNING, "context", "%s; %s carries every allreduce",
                cx_error_message(), t->ops->name);

@@ -57,6 +57,10 @@ typedef struct cx_transport_caps {
     bool aborts_in_flight;
     /* CX_TRANSPORT_* bits: the optional calls this transport fills. */
     uint32_t optional;
+    /* The chunk of the two-level path across hosts that pays this transport's per-call cost
+     * (each local rank's block of a chunk crosses hosts in one call) when CFX_CHUNK_BYTES and
+     * CFX_HIERARCHICAL_CHUNK_BYTES leave it open; 0: the engine's chunk (CFX_CHUNK_BYTES). */
+    size_t cross_chunk_bytes;
 } cx_transport_caps;
 
 typedef struct cx_transport_ops {
