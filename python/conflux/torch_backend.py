@@ -558,10 +558,13 @@ def shared_memory_hook(state, bucket):
     (conflux._torch_native.move_to_shared: the reducer's views of the bucket move with it), so from
     then on DDP copies the gradients straight into shared memory and back out, the two copies it
     makes anyway. Without the native module each bucket is copied into a shared block kept for it
-    instead (one copy more). Exact like the default hook (float32 sums in local-rank order).
+    instead (one copy more). A device bucket takes the usual path. Exact like the default hook
+    (float32 sums in local-rank order).
     model.register_comm_hook(None, hook), or the conflux process group as the state."""
     pg = _hook_group(state, "shared_memory_hook")
     buf = bucket.buffer()
+    if not buf.is_cpu or buf.numel() == 0:  # shared tensor memory is host memory: the usual path
+        return pg._allreduce_future(buf, _core.Average, 0)
     if _torch_native is not None and _torch_native.move_to_shared(buf):
         return pg._allreduce_future(buf, _core.Average, 0)
     key = (bucket.index(), buf.numel(), buf.dtype)
