@@ -230,13 +230,12 @@ def main():
             m = build()
             ddp = torch.nn.parallel.DistributedDataParallel(m, gradient_as_bucket_view=True)
             methods.append(("ddp_gloo_view", ddp, torch.optim.SGD(ddp.parameters(), lr=lr), dist.barrier))
-        for name, options in (("ddp_conflux_shm_hook", {}),
-                              ("ddp_conflux_shm_hook_view", {"gradient_as_bucket_view": True})):
-            if "conflux" in backends:  # the backend's own hook: DDP's buckets reduced in shared memory
-                m = build()
-                ddp = torch.nn.parallel.DistributedDataParallel(m, process_group=groups["conflux"], **options)
-                ddp.register_comm_hook(groups["conflux"], cfx.ddp_hooks.shared_memory_hook)
-                methods.append((name, ddp, torch.optim.SGD(ddp.parameters(), lr=lr), dist.barrier))
+        hooked = (("ddp_conflux_shm_hook", {}), ("ddp_conflux_shm_hook_view", {"gradient_as_bucket_view": True}))
+        for name, options in hooked if "conflux" in backends else ():  # DDP's buckets in shared memory
+            m = build()
+            ddp = torch.nn.parallel.DistributedDataParallel(m, process_group=groups["conflux"], **options)
+            ddp.register_comm_hook(groups["conflux"], cfx.ddp_hooks.shared_memory_hook)
+            methods.append((name, ddp, torch.optim.SGD(ddp.parameters(), lr=lr), dist.barrier))
         for name, mod, why in (("torch_conflux_optimizer", cfx, cfx_why), ("torch_hvd_optimizer", hvd, hvd_why)):
             if mod is None:
                 na(model_name, name, why)

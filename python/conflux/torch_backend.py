@@ -190,7 +190,7 @@ class ConfluxProcessGroup(_ProcessGroup):
         self._completer = _Completer(label)
         self._pending = {}
         self._completed = collections.deque(maxlen=_KEEP_COMPLETED)
-        self._shared_buckets = {}  # ddp_hooks.shared_memory_hook: (bucket index, numel, dtype) -> block
+        self._shared_buckets = {}  # ddp_hooks.shared_memory_hook without the native module: index -> block
 
     def getBackendName(self):
         return BACKEND
@@ -567,12 +567,9 @@ def shared_memory_hook(state, bucket):
         return pg._allreduce_future(buf, _core.Average, 0)
     if _torch_native is not None and _torch_native.move_to_shared(buf):
         return pg._allreduce_future(buf, _core.Average, 0)
-    key = (bucket.index(), buf.numel(), buf.dtype)
-    block = pg._shared_buckets.get(key)
-    if block is None:  # the first step, or DDP rebuilt its buckets: drop the blocks of the old plan
-        if any(k[0] == key[0] for k in pg._shared_buckets):
-            pg._shared_buckets.clear()
-        block = pg._shared_buckets[key] = shared_empty(buf.numel(), dtype=buf.dtype)
+    block = pg._shared_buckets.get(bucket.index())
+    if block is None or block.numel() != buf.numel() or block.dtype != buf.dtype:  # DDP rebuilt
+        block = pg._shared_buckets[bucket.index()] = shared_empty(buf.numel(), dtype=buf.dtype)
     block.copy_(buf.view(-1))
     return pg._allreduce_future(block, _core.Average, 0)
 
