@@ -63,9 +63,6 @@ typedef struct direct_offer {
     struct { uint64_t src, dst, count; } at[DIRECT_MAX_SEGS];
 } direct_offer;
 
-/* The control plane's AND over the segment (cx_shm_allreduce_and): up to this many words a rank. */
-#define AND_MAX_WORDS 512
-
 /* The direct path is set up on the first batch every local rank offers (all see the same batches,
  * so all get there together): only then do all the pools exist, since nothing makes a pool but
  * cfx_alloc. A job that never allocates shared tensor memory maps nothing. */
@@ -85,7 +82,7 @@ struct cx_shm {
     uint8_t *slots;        /* [2][nlocal][chunk] */
     uint8_t *results;      /* [2][chunk] */
     direct_offer *offers;  /* [nlocal] */
-    uint64_t *and_rows;    /* [2][nlocal][AND_MAX_WORDS]: each rank's words of an AND round */
+    uint64_t *and_rows;    /* [2][nlocal][CX_SHM_AND_MAX_WORDS]: each rank's words of a round */
     unsigned and_rounds;   /* AND rounds so far (the same count on every local rank) */
     unsigned generation;   /* this rank's view of the barrier generation */
     direct_state direct;
@@ -93,7 +90,7 @@ struct cx_shm {
     uint8_t **peer_pools;  /* [nlocal] the local ranks' pools as mapped here (own: NULL) */
     uint64_t *peer_sizes;  /* [nlocal] their sizes, for munmap */
     uint8_t *strip;        /* OWN_STRIP_BYTES of private scratch for the direct path */
-    uint8_t *piece;        /* a chunk of private scratch: its hierarchical form's block */
+    uint8_t *piece;        /* two chunks of private scratch: its hierarchical form's blocks */
     uint16_t *wire16;      /* made on first use: a compressed cross-host block and what its
                             * once-rounded combine needs (cx_combine16_bytes) */
     char direct_off[512];  /* why the direct path is off */
@@ -240,7 +237,8 @@ cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, double timeout_s,
     size_t control = round_up(sizeof(shm_control), 4096);
     size_t members = round_up((size_t)s->nlocal * sizeof(shm_member), 4096);
     size_t offers = round_up((size_t)s->nlocal * sizeof(direct_offer), 4096);
-    size_t and_rows = round_up(2 * (size_t)s->nlocal * AND_MAX_WORDS * sizeof(uint64_t), 4096);
+    size_t and_rows =
+        round_up(2 * (size_t)s->nlocal * CX_SHM_AND_MAX_WORDS * sizeof(uint64_t), 4096);
     s->size = control + members + offers + and_rows + s->chunk * 2 * (size_t)s->nlocal + s->chunk * 2;
     char name[64];
     snprintf(name, sizeof name, "/conflux-%016llx-%d", (unsigned long long)tag, t->cross_rank);
@@ -307,10 +305,10 @@ cfx_status cx_shm_create(cx_transport *t, size_t chunk_bytes, double timeout_s,
 #define AND_YIELD_S 200e-6
 cfx_status cx_shm_allreduce_and(cx_shm *s, uint64_t *words, size_t count, bool *done)
 {
-    *done = count <= AND_MAX_WORDS;
+    *done = count <= CX_SHM_AND_MAX_WORDS;
     if (!*done)
         return CFX_OK;
-    size_t row = AND_MAX_WORDS, half = (size_t)s->nlocal * row;
+    size_t row = CX_SHM_AND_MAX_WORDS, half = (size_t)s->nlocal * row;
     uint64_t *rows = s->and_rows + (size_t)(s->and_rounds++ & 1) * half;
     memcpy(rows + (size_t)s->me * row, words, count * sizeof *words);
     cfx_status st = barrier_yielding(s, AND_YIELD_S);
@@ -353,7 +351,7 @@ static cfx_status setup_direct(cx_shm *s)
     s->peer_pools = calloc((size_t)s->nlocal, sizeof *s->peer_pools);
     s->peer_sizes = calloc((size_t)s->nlocal, sizeof *s->peer_sizes);
     s->strip = aligned_alloc(CACHE_LINE, OWN_STRIP_BYTES);
-    s->piece = aligned_alloc(CACHE_LINE, s->chunk);
+    s->piece = aligned_alloc(CACHE_LINE, 2 * s->chunk);
     if (!s->peer_pools || !s->peer_sizes || !s->strip || !s->piece)
         st = cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for the direct path");
     if (!st && s->me < 64 && ((s->direct_map_fail >> s->me) & 1)) /* tests: this rank cannot map */
@@ -631,6 +629,45 @@ static cfx_status cross_leg(cx_shm *s, cx_transport *t, void *buf, size_t count,
     return st;
 }
 
+/* The direct path's cross-host chunks, pipelined: block i of chunk k+1 is reduced while chunk k
+ * crosses, so the link does not wait for the reduction and the transport's per-call wait overlaps
+ * work. The blocks alternate between the two halves of `piece`; writes follow in chunk order. */
+static cfx_status direct_pipelined(cx_shm *s, cx_transport *t, const cx_segment *segs, size_t n,
+                                   cfx_dtype dtype, cfx_reduce_op op, double postscale)
+{
+    size_t esize = cfx_dtype_size(dtype), per_chunk = s->chunk / esize;
+    batch_pos rd = {0, 0}, wr = {0, 0};
+    size_t lo[2] = {0, 0}, hi[2] = {0, 0};
+    int k = 0, posted = 0; /* posted: chunks under way, the oldest in the other half */
+    cfx_status st = CFX_OK;
+    for (size_t off = 0; off < n; off += per_chunk, k ^= 1) {
+        size_t count = n - off < per_chunk ? n - off : per_chunk;
+        lo[k] = off + block_start(count, s->nlocal, s->me);
+        hi[k] = off + block_start(count, s->nlocal, s->me + 1);
+        uint8_t *piece = s->piece + (size_t)k * s->chunk;
+        direct_reduce(s, segs, &rd, lo[k], hi[k], piece, dtype, op);
+        /* Ranks with an empty block still post, so the cross group's calls match. */
+        if ((st = t->ops->cross_allreduce_post(t, piece, hi[k] - lo[k], dtype, op)))
+            return st;
+        if (++posted == CX_CROSS_IN_FLIGHT) {
+            int old = k ^ 1;
+            if ((st = t->ops->cross_allreduce_wait(t)))
+                return st;
+            posted--;
+            direct_write(s, segs, &wr, lo[old], hi[old], s->piece + (size_t)old * s->chunk, dtype,
+                         postscale);
+        }
+    }
+    if (posted) { /* the last chunk, in the half written last */
+        int last = k ^ 1;
+        if ((st = t->ops->cross_allreduce_wait(t)))
+            return st;
+        direct_write(s, segs, &wr, lo[last], hi[last], s->piece + (size_t)last * s->chunk, dtype,
+                     postscale);
+    }
+    return CFX_OK;
+}
+
 /* The direct path: every local rank's tensors are in its pool, so nothing is copied in or out.
  * On one host, local rank i reduces block i of the whole batch in L1-sized strips, each written
  * into every rank's output right after its reduction. Across hosts (hierarchical), the work keeps
@@ -654,6 +691,8 @@ static cfx_status direct_allreduce(cx_shm *s, cx_transport *t, const cx_segment 
             direct_reduce(s, segs, &rd, a, e, s->strip, dtype, op);
             direct_write(s, segs, &wr, a, e, s->strip, dtype, postscale);
         }
+    } else if (wire < 0 && cx_transport_has(t, CX_TRANSPORT_CROSS_PIPELINE)) {
+        st = direct_pipelined(s, t, segs, n, dtype, op, postscale);
     } else {
         size_t per_chunk = s->chunk / esize;
         for (size_t off = 0; off < n && !st; off += per_chunk) {
@@ -670,6 +709,45 @@ static cfx_status direct_allreduce(cx_shm *s, cx_transport *t, const cx_segment 
     }
     cfx_status lost = barrier(s);
     return st ? st : lost;
+}
+
+/* What the copy path still owes a chunk once its block is reduced: where this rank's block
+ * goes in its outputs, the chunk's block bounds, and its results. */
+typedef struct chunk_tail {
+    cursor own_out;
+    size_t lo, hi, count;
+    uint8_t *res;
+} chunk_tail;
+
+/* The end of a chunk on the copy path: this rank's block out (unless it went out strip by
+ * strip), the barrier after which every block is in the results, and the other blocks out.
+ * `out` is the output cursor of the whole batch; `out_op` the copy out, its buf set here. */
+static cfx_status finish_chunk(cx_shm *s, const cx_segment *segs, cursor *out, chunk_tail *c,
+                               walk_op *out_op, bool own_block)
+{
+    size_t esize = cfx_dtype_size(out_op->dtype);
+    if (own_block) {
+        out_op->buf = c->res + c->lo * esize;
+        walk(segs, &c->own_out, c->hi - c->lo, out_op);
+    }
+    cfx_status st = barrier(s);
+    if (st)
+        return st;
+    out_op->buf = c->res;
+    walk(segs, out, c->lo, out_op);
+    walk_op skip_out = {WALK_SKIP, c->res, NULL, false, out_op->dtype, out_op->op, 1.0};
+    walk(segs, out, c->hi - c->lo, &skip_out);
+    out_op->buf = c->res + c->hi * esize;
+    walk(segs, out, c->count - c->hi, out_op);
+    return CFX_OK;
+}
+
+/* finish_chunk for a chunk whose block was posted across hosts: its result first. */
+static cfx_status finish_posted(cx_shm *s, cx_transport *t, const cx_segment *segs, cursor *out,
+                                chunk_tail *c, walk_op *out_op)
+{
+    cfx_status st = t->ops->cross_allreduce_wait(t);
+    return st ? st : finish_chunk(s, segs, out, c, out_op, true);
 }
 
 cfx_status cx_shm_allreduce(cx_shm *s, cx_transport *t, const cx_segment *segs, size_t nsegs,
@@ -704,6 +782,10 @@ cfx_status cx_shm_allreduce_wire(cx_shm *s, cx_transport *t, const cx_segment *s
      * offers, so all take the same path. */
     bool offers = n && s->direct != DIRECT_OFF; /* the same on every rank */
     bool offered = offers && offer_direct(s, segs, nsegs, esize, prescale);
+    bool pipelined = hierarchical && wire < 0 &&
+                     cx_transport_has(t, CX_TRANSPORT_CROSS_PIPELINE);
+    chunk_tail prev = {{0, 0}, 0, 0, 0, NULL}; /* the chunk crossing, when `crossing` */
+    bool crossing = false;
     int k = 0;
     for (size_t off = 0; off < n; off += per_chunk, k ^= 1) {
         size_t count = n - off < per_chunk ? n - off : per_chunk;
@@ -738,7 +820,7 @@ cfx_status cx_shm_allreduce_wire(cx_shm *s, cx_transport *t, const cx_segment *s
          * only its slot): one strip at a time, right after its reduction, while it is in L1.
          * Hierarchical mode copies it out after the cross-host step. */
         walk_op out_op = {WALK_COPY_OUT, res, NULL, false, dtype, op, postscale};
-        cursor own_out = own;
+        chunk_tail cur = {own, lo, hi, count, res};
         size_t strip = hierarchical ? hi - lo : OWN_STRIP_BYTES / esize;
         for (size_t a = lo; a < hi; a += strip) {
             size_t m = hi - a < strip ? hi - a : strip;
@@ -747,28 +829,34 @@ cfx_status cx_shm_allreduce_wire(cx_shm *s, cx_transport *t, const cx_segment *s
             walk(segs, &own, m, &step); /* `own` follows the strips */
             if (!hierarchical) {
                 out_op.buf = res + a * esize;
-                walk(segs, &own_out, m, &out_op);
+                walk(segs, &cur.own_out, m, &out_op);
             }
         }
-        if (hierarchical) {
+        if (!hierarchical) {
+            st = finish_chunk(s, segs, &out, &cur, &out_op, false);
+        } else if (!pipelined) {
             /* Every local rank sends its own block across hosts: all links work at once. Ranks
              * with an empty block still call, so the cross communicator's calls match. */
             void *own_residual = residual ? (uint8_t *)residual + (off + lo) * esize : NULL;
-            st = cross_leg(s, t, res + lo * esize, hi - lo, dtype, op, wire,
-                                      own_residual);
-            if (st)
-                return st;
-            out_op.buf = res + lo * esize;
-            walk(segs, &own_out, hi - lo, &out_op);
+            st = cross_leg(s, t, res + lo * esize, hi - lo, dtype, op, wire, own_residual);
+            if (!st)
+                st = finish_chunk(s, segs, &out, &cur, &out_op, true);
+        } else {
+            /* This chunk crosses while the last one is finished; the next is copied in and
+             * reduced (the slots and results alternate, and each barrier keeps a slot from being
+             * rewritten before every rank read it). */
+            st = t->ops->cross_allreduce_post(t, res + lo * esize, hi - lo, dtype, op);
+            if (!st && crossing)
+                st = finish_posted(s, t, segs, &out, &prev, &out_op);
+            prev = cur;
+            crossing = true;
         }
-        if ((st = barrier(s)))
+        if (st)
             return st;
-        out_op.buf = res;
-        walk(segs, &out, lo, &out_op);
-        walk_op skip_out = {WALK_SKIP, res, NULL, false, dtype, op, 1.0};
-        walk(segs, &out, hi - lo, &skip_out);
-        out_op.buf = res + hi * esize;
-        walk(segs, &out, count - hi, &out_op);
+    }
+    if (crossing) {
+        walk_op out_op = {WALK_COPY_OUT, prev.res, NULL, false, dtype, op, postscale};
+        return finish_posted(s, t, segs, &out, &prev, &out_op);
     }
     return CFX_OK;
 }

@@ -62,10 +62,14 @@ void cx_shm_destroy(cx_shm *s);
 /* CFX_OK, or CFX_ERR_PEER_LOST once a barrier gave up on a peer. */
 cfx_status cx_shm_failure(const cx_shm *s);
 
+/* The words a rank may bring to one cx_shm_allreduce_and. */
+#define CX_SHM_AND_MAX_WORDS 512
+
 /* The control plane's AND-allreduce (words[i] = AND over the local ranks of words[i]) through the
- * segment, for a job whose ranks all share this host: one barrier, no MPI. *done false (nothing
- * done) when `count` exceeds the segment's rows; count is the same on every rank, so all then take
- * the transport's AND instead. */
+ * segment: one barrier, no transport call. The whole AND for a job whose ranks all share this
+ * host; the host's part of it across hosts (shm_layer.c). *done false (nothing done) when `count`
+ * exceeds CX_SHM_AND_MAX_WORDS; count is the same on every rank, so all then take the transport's
+ * AND instead. */
 cfx_status cx_shm_allreduce_and(cx_shm *s, uint64_t *words, size_t count, bool *done);
 
 /* The direct path: 0 not tried yet (no batch had every rank's tensors in shared tensor memory),

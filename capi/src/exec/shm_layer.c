@@ -1,7 +1,9 @@
 /* shm_layer - the host shared-memory path as a layer over a transport (see shm_layer.h). */
 #include "exec/shm_layer.h"
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/error.h"
 #include "base/launch_env.h"
@@ -11,6 +13,9 @@ typedef struct shm_layer {
     cx_transport_ops ops;   /* inner's table, each call forwarded (NULL where inner has none) */
     cx_transport *inner;
     cx_host_path path;
+    /* hierarchical_and's rows: CX_SHM_AND_MAX_WORDS words, and as many bools per bit (leaders) */
+    uint64_t *and_row;
+    unsigned char *and_bools;
 } shm_layer;
 
 static cx_transport *inner_of(cx_transport *t) { return ((shm_layer *)t)->inner; }
@@ -28,13 +33,67 @@ static cfx_status layer_bcast_bytes(cx_transport *t, void **buf, size_t *len, in
     return in->ops->bcast_bytes(in, buf, len, root);
 }
 
-/* One host: the agreement of every cycle goes through the segment, not the transport
- * (docs/architecture.md "One cycle in detail"); more words than the segment's rows fall back to
- * the transport on every rank alike (count is the same everywhere). */
+/* Several hosts, over a transport whose calls end at its deadline (an AND waits for every rank,
+ * so it must be able to give up on a lost one): the host's AND through the segment, the hosts'
+ * AND between the ranks of local rank 0 (one cross_allreduce of the bits as bools, whose MIN is
+ * AND), and the result back through the segment, where the other local ranks bring all ones. A
+ * world AND over the transport costs every rank a message from every other: over Gloo ~1 ms a
+ * cycle between two pretend hosts, where this takes one exchange between the leaders. After the
+ * words, the leader's status and its error text travel the same way, so that its host fails with
+ * it, naming what the leader named, instead of going on with bits the leader never got. */
+#define AND_TEXT_WORDS 64 /* the leader's error text: 512 bytes */
+static bool hierarchical_and_fits(const shm_layer *l, size_t count)
+{
+    return l->path.hierarchical && l->inner->ops->caps.aborts_in_flight &&
+           count + 1 + AND_TEXT_WORDS <= CX_SHM_AND_MAX_WORDS;
+}
+
+static cfx_status hierarchical_and(shm_layer *l, uint64_t *words, size_t count)
+{
+    uint64_t *row = l->and_row;
+    bool done = false;
+    cfx_status st = cx_shm_allreduce_and(l->path.shm, words, count, &done);
+    if (st)
+        return st;
+    cfx_status cross = CFX_OK;
+    memset(row, 0xff, (count + 1 + AND_TEXT_WORDS) * sizeof *row);
+    if (l->base.local_rank == 0) {
+        size_t nbits = count * 64;
+        for (size_t b = 0; b < nbits; b++)
+            l->and_bools[b] = (unsigned char)((words[b / 64] >> (b % 64)) & 1);
+        cross = l->inner->ops->cross_allreduce(l->inner, l->and_bools, nbits, CFX_BOOL,
+                                               CFX_OP_MIN);
+        memset(row, 0, count * sizeof *row);
+        for (size_t b = 0; b < nbits; b++)
+            row[b / 64] |= (uint64_t)(l->and_bools[b] != 0) << (b % 64);
+        if (cross) {
+            row[count] = (uint64_t)(uint32_t)cross;
+            char *text = (char *)(row + count + 1);
+            snprintf(text, AND_TEXT_WORDS * 8, "%s", cx_error_message());
+        }
+    }
+    st = cx_shm_allreduce_and(l->path.shm, row, count + 1 + AND_TEXT_WORDS, &done);
+    if (cross || st)
+        return cross ? cross : st;
+    if (row[count] != ~0ull) {
+        char *text = (char *)(row + count + 1);
+        text[AND_TEXT_WORDS * 8 - 1] = '\0';
+        return cx_fail((cfx_status)(int32_t)row[count], "AND of the ready bits across hosts (rank "
+                       "%d): this host's local rank 0 failed: %s", l->base.rank, text);
+    }
+    memcpy(words, row, count * sizeof *words);
+    return CFX_OK;
+}
+
+/* The agreement of every cycle goes through the segment (docs/architecture.md "One cycle in
+ * detail"): on one host wholly, across hosts through hierarchical_and where it fits; otherwise
+ * through the transport on every rank alike (count is the same everywhere). */
 static cfx_status layer_allreduce_and(cx_transport *t, uint64_t *words, size_t count)
 {
     shm_layer *l = (shm_layer *)t;
     bool done = false;
+    if (hierarchical_and_fits(l, count))
+        return hierarchical_and(l, words, count);
     if (!l->path.hierarchical) {
         cfx_status st = cx_shm_allreduce_and(l->path.shm, words, count, &done);
         if (st || done)
@@ -91,6 +150,19 @@ static cfx_status layer_cross_allreduce(cx_transport *t, void *buf, size_t count
     return in->ops->cross_allreduce(in, buf, count, dtype, op);
 }
 
+static cfx_status layer_cross_allreduce_post(cx_transport *t, void *buf, size_t count,
+                                             cfx_dtype dtype, cfx_reduce_op op)
+{
+    cx_transport *in = inner_of(t);
+    return in->ops->cross_allreduce_post(in, buf, count, dtype, op);
+}
+
+static cfx_status layer_cross_allreduce_wait(cx_transport *t)
+{
+    cx_transport *in = inner_of(t);
+    return in->ops->cross_allreduce_wait(in);
+}
+
 /* A subset is the inner transport's: its context sets up a host path of its own. */
 static cfx_status layer_split(cx_transport *t, const int *ranks, size_t n, cx_transport **out)
 {
@@ -121,14 +193,26 @@ static void layer_destroy(cx_transport *t)
         l->inner->ops->mark_lost(l->inner);
     cx_shm_destroy(l->path.shm);
     l->inner->ops->destroy(l->inner);
+    free(l->and_row);
+    free(l->and_bools);
     free(l);
 }
 
 static cfx_status wrap(cx_transport *inner, cx_host_path path, cx_transport **out)
 {
     shm_layer *l = calloc(1, sizeof *l);
-    if (!l)
+    if (l && path.hierarchical) {
+        l->and_row = malloc(CX_SHM_AND_MAX_WORDS * sizeof *l->and_row);
+        l->and_bools = malloc(CX_SHM_AND_MAX_WORDS * 64);
+    }
+    if (!l || (path.hierarchical && (!l->and_row || !l->and_bools))) {
+        if (l) {
+            free(l->and_row);
+            free(l->and_bools);
+        }
+        free(l);
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for the shared-memory layer");
+    }
     const cx_transport_ops *in = inner->ops;
     l->ops = (cx_transport_ops){
         .name = in->name,
@@ -143,6 +227,8 @@ static cfx_status wrap(cx_transport *inner, cx_host_path path, cx_transport **ou
         .reduce_scatter = layer_reduce_scatter,
         .barrier = layer_barrier,
         .cross_allreduce = in->cross_allreduce ? layer_cross_allreduce : NULL,
+        .cross_allreduce_post = in->cross_allreduce_post ? layer_cross_allreduce_post : NULL,
+        .cross_allreduce_wait = in->cross_allreduce_wait ? layer_cross_allreduce_wait : NULL,
         .split = in->split ? layer_split : NULL,
         .sendrecv = in->sendrecv ? layer_sendrecv : NULL,
         .mark_lost = in->mark_lost ? layer_mark_lost : NULL,

@@ -59,7 +59,10 @@ struct State {
     std::string prefix;                         /* this transport's key space in the store */
     std::shared_ptr<gloo::Context> ctx, cross;  /* cross: NULL when cross_size is 1 */
     std::unique_ptr<PostedExchange> world_small; /* small allreduces of the world */
-    std::unique_ptr<PostedExchange> cross_pair;  /* the cross leg when there are two hosts */
+    /* The cross leg when there are two hosts: two exchanges, so that a chunk may cross while the
+     * next is posted (cross_allreduce_post takes them in turn; a plain call, the first). */
+    std::unique_ptr<PostedExchange> cross_pair[2];
+    unsigned cross_posted = 0, cross_waited = 0; /* cross_allreduce_post and _wait calls so far */
     std::vector<std::string> hosts, addrs;      /* per rank: host name, address Gloo listens on */
     std::vector<int> world_ranks;               /* per rank: its rank in the world */
     /* Per rank on this machine (same boot and pid namespace): its pid and start time; 0 else. */

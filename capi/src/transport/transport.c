@@ -28,7 +28,10 @@ cfx_status cx_transport_check(const cx_transport *t)
     } optional[] = {{CX_TRANSPORT_CROSS_ALLREDUCE, o->cross_allreduce, "cross_allreduce"},
                     {CX_TRANSPORT_SPLIT, o->split, "split"},
                     {CX_TRANSPORT_SENDRECV, o->sendrecv, "sendrecv"},
-                    {CX_TRANSPORT_MARK_LOST, o->mark_lost, "mark_lost"}};
+                    {CX_TRANSPORT_MARK_LOST, o->mark_lost, "mark_lost"},
+                    {CX_TRANSPORT_CROSS_PIPELINE,
+                     o->cross_allreduce_post && o->cross_allreduce_wait,
+                     "cross_allreduce_post and _wait"}};
     for (size_t i = 0; i < sizeof optional / sizeof optional[0]; i++)
         if (cx_transport_has(t, optional[i].bit) != optional[i].filled)
             return cx_fail(CFX_ERR_INTERNAL, "the %s transport's capabilities %s %s, but its table "

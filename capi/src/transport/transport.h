@@ -42,7 +42,11 @@ enum {
     CX_TRANSPORT_SPLIT = 1u << 1,           /* split: subset contexts */
     CX_TRANSPORT_SENDRECV = 1u << 2,        /* sendrecv: Adasum */
     CX_TRANSPORT_MARK_LOST = 1u << 3,       /* mark_lost: a transport that waits for peers at exit */
+    CX_TRANSPORT_CROSS_PIPELINE = 1u << 4,  /* cross_allreduce_post, _wait: pipelined chunks */
 };
+
+/* How many cross_allreduce_post calls may be under way at once (posted, not yet waited for). */
+#define CX_CROSS_IN_FLIGHT 2
 
 typedef struct cx_transport_caps {
     /* Between ranks of one host, the engine's shared-memory path (exec/shm_layer.h: one segment
@@ -101,6 +105,15 @@ typedef struct cx_transport_ops {
      * CX_TRANSPORT_CROSS_ALLREDUCE). */
     cfx_status (*cross_allreduce)(cx_transport *t, void *buf, size_t count, cfx_dtype dtype,
                                   cfx_reduce_op op);
+    /* cross_allreduce in two halves, so that the engine reduces the next chunk within the host
+     * while this one crosses (optional: CX_TRANSPORT_CROSS_PIPELINE). _post starts it (it may
+     * also finish it); up to CX_CROSS_IN_FLIGHT may be under way, and `buf` must stay untouched
+     * until _wait, which finishes the oldest one under way and leaves its result in its buf.
+     * Posts, waits and plain cross_allreduce calls come in the same order on every rank of the
+     * cross group. After a failed call the caller waits for nothing more. */
+    cfx_status (*cross_allreduce_post)(cx_transport *t, void *buf, size_t count, cfx_dtype dtype,
+                                       cfx_reduce_op op);
+    cfx_status (*cross_allreduce_wait)(cx_transport *t);
 
     /* A transport over the ranks listed (ascending, valid, the same on every rank: the caller
      * checked), numbered in that order; non-members get NULL. Collective over t's ranks, in the

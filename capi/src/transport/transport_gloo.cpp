@@ -26,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -61,7 +62,7 @@ constexpr uint64_t kAlltoallvSlot = kSlotBase + 3;
 constexpr uint64_t kSendrecvSlot = kSlotBase + 4;
 /* The posted exchanges (PostedExchange below): each uses its slot and the next. */
 constexpr uint64_t kWorldExchangeSlot = kSlotBase + 5;
-constexpr uint64_t kCrossExchangeSlot = kSlotBase + 7;
+constexpr uint64_t kCrossExchangeSlot = kSlotBase + 7; /* and + 9: State::cross_pair[1] */
 /* The world's exchange takes allreduces up to this many bytes, in worlds up to this size (each
  * rank sends its bytes to every other: n (n - 1) messages a call). */
 constexpr size_t kWorldExchangeBytes = size_t(64) << 10;
@@ -155,47 +156,64 @@ class PostedExchange {
     void allreduce(void *buf, size_t bytes, size_t es, const Reduce &reduce, bool commutative,
                    millis timeout)
     {
+        start(buf, bytes, es, reduce, commutative);
+        finish(timeout);
+    }
+
+    /* allreduce in two halves: start sends `buf` and posts what the call needs beyond the inbox;
+     * finish waits, combines into `buf` and posts the next call's receives. One call at a time
+     * per exchange: two exchanges on their own slots let two calls be under way. */
+    void start(void *buf, size_t bytes, size_t es, const Reduce &reduce, bool commutative)
+    {
         const int n = ctx_->size, me = ctx_->rank;
+        call_ = Call{static_cast<char *>(buf), bytes, es, reduce, commutative};
         if (bytes == 0)
             return;
         const size_t first = std::min(bytes, cap_), rest = bytes - first;
-        char *mine = static_cast<char *>(buf);
-        std::unique_ptr<gloo::transport::UnboundBuffer> rest_in, out;
         if (rest) {
             rest_area_.resize(rest * static_cast<size_t>(n));
-            rest_in = ctx_->createUnboundBuffer(rest_area_.data(), rest_area_.size());
+            rest_in_ = ctx_->createUnboundBuffer(rest_area_.data(), rest_area_.size());
             for (int q = 0; q < n; q++)
                 if (q != me)
-                    rest_in->recv(q, slot_ + 1, rest * static_cast<size_t>(q), rest);
+                    rest_in_->recv(q, slot_ + 1, rest * static_cast<size_t>(q), rest);
         }
-        out = ctx_->createUnboundBuffer(mine, bytes);
+        out_ = ctx_->createUnboundBuffer(buf, bytes);
         for (int q = 0; q < n; q++) {
             if (q == me)
                 continue;
-            out->send(q, slot_, 0, first);
+            out_->send(q, slot_, 0, first);
             if (rest)
-                out->send(q, slot_ + 1, first, rest);
+                out_->send(q, slot_ + 1, first, rest);
         }
+    }
+
+    void finish(millis timeout)
+    {
+        const int n = ctx_->size;
+        const Call c = call_;
+        if (c.bytes == 0)
+            return;
+        const size_t first = std::min(c.bytes, cap_), rest = c.bytes - first;
         /* Receives first: a peer that never sends is the one to time out on. */
         for (int k = 1; k < n; k++)
             if (!inbox_->waitRecv(timeout))
                 throw gloo::IoException("a receive of the posted exchange was aborted");
         /* Every send must have left `buf` before the result overwrites it. */
         for (int k = (n - 1) * (rest ? 2 : 1); k > 0; k--)
-            if (!out->waitSend(timeout))
+            if (!out_->waitSend(timeout))
                 throw gloo::IoException("a send of the posted exchange was aborted");
-        combine(mine, inbox_area_.data(), cap_, first, es, reduce, commutative);
+        combine(c.buf, inbox_area_.data(), cap_, first, c.es, c.reduce, c.commutative);
         /* The next call's receives, before this one's rest is waited for: the peers' next bytes
          * may leave as soon as they are done here. */
         size_t next = cap_;
-        while (grow_ && next < bytes && next < kInboxMax)
+        while (grow_ && next < c.bytes && next < kInboxMax)
             next *= 2;
         post(next);
         if (rest) {
             for (int k = 1; k < n; k++)
-                if (!rest_in->waitRecv(timeout))
+                if (!rest_in_->waitRecv(timeout))
                     throw gloo::IoException("a receive of the posted exchange was aborted");
-            combine(mine + first, rest_area_.data(), rest, rest, es, reduce, commutative);
+            combine(c.buf + first, rest_area_.data(), rest, rest, c.es, c.reduce, c.commutative);
         }
     }
 
@@ -238,7 +256,14 @@ class PostedExchange {
     bool grow_;
     size_t cap_ = 0;
     std::vector<char> inbox_area_, rest_area_, scratch_;
-    std::unique_ptr<gloo::transport::UnboundBuffer> inbox_;
+    std::unique_ptr<gloo::transport::UnboundBuffer> inbox_, rest_in_, out_;
+    /* the call between start and finish */
+    struct Call {
+        char *buf;
+        size_t bytes, es;
+        Reduce reduce;
+        bool commutative;
+    } call_{nullptr, 0, 1, nullptr, true};
 };
 
 } // namespace cx_gloo
@@ -601,11 +626,59 @@ cfx_status gloo_cross_allreduce(cx_transport *t, void *buf, size_t count, cfx_dt
     State *s = state_of(t);
     cfx_status st = check_op(t, op, "cross-host allreduce");
     return st ? st : guarded(t, "cross-host allreduce", [&] {
-        if (s->cross_pair)
-            exchange_allreduce(*s->cross_pair, buf, count, dtype, op, deadline_of(s));
+        if (s->cross_posted != s->cross_waited)
+            throw std::logic_error("a plain call while a posted one is under way");
+        if (s->cross_pair[0])
+            exchange_allreduce(*s->cross_pair[0], buf, count, dtype, op, deadline_of(s));
         else if (s->cross)
             run_allreduce(s->cross, buf, count, dtype, op, deadline_of(s));
     });
+}
+
+/* Two hosts: the call's sends leave now and its receives were posted after the last call of the
+ * same exchange; the wait combines. More hosts: Gloo's allreduce, whole, in the post. */
+cfx_status gloo_cross_allreduce_post(cx_transport *t, void *buf, size_t count, cfx_dtype dtype,
+                                     cfx_reduce_op op)
+{
+    State *s = state_of(t);
+    cfx_status st = check_op(t, op, "cross-host allreduce");
+    if (st)
+        return st;
+    st = guarded(t, "cross-host allreduce (posted)", [&] {
+        if (s->cross_posted - s->cross_waited >= CX_CROSS_IN_FLIGHT)
+            throw std::logic_error("more cross-host allreduces under way than CX_CROSS_IN_FLIGHT");
+        if (s->cross_pair[0]) {
+            if (op == CFX_OP_AVERAGE)
+                op = CFX_OP_SUM; /* the engine scales */
+            const size_t es = cfx_dtype_size(dtype);
+            s->cross_pair[s->cross_posted % 2]->start(
+                buf, count * es, es,
+                [dtype, op](void *acc, const void *in, size_t n) {
+                    cx_reduce_into(acc, in, n, dtype, op);
+                }, true);
+        } else if (s->cross) {
+            run_allreduce(s->cross, buf, count, dtype, op, deadline_of(s));
+        }
+        s->cross_posted++;
+    });
+    if (st) /* the caller waits for nothing more */
+        s->cross_waited = s->cross_posted;
+    return st;
+}
+
+cfx_status gloo_cross_allreduce_wait(cx_transport *t)
+{
+    State *s = state_of(t);
+    cfx_status st = guarded(t, "cross-host allreduce (posted)", [&] {
+        if (s->cross_waited == s->cross_posted)
+            throw std::logic_error("a wait with no cross-host allreduce under way");
+        unsigned k = s->cross_waited++;
+        if (s->cross_pair[0])
+            s->cross_pair[k % 2]->finish(deadline_of(s));
+    });
+    if (st) /* the caller waits for nothing more */
+        s->cross_waited = s->cross_posted;
+    return st;
 }
 
 cfx_status gloo_sendrecv(cx_transport *t, cx_group group, const void *send, size_t send_bytes,
@@ -669,7 +742,8 @@ void gloo_destroy(cx_transport *t)
         return;
     State *s = state_of(t);
     Root *root = s->root;
-    s->cross_pair.reset();
+    s->cross_pair[1].reset();
+    s->cross_pair[0].reset();
     s->world_small.reset();
     s->cross.reset();
     s->ctx.reset();
@@ -710,14 +784,15 @@ void gloo_mark_lost(cx_transport *t) { state_of(t)->root->broken = true; }
 const cx_transport_ops gloo_ops = {
     "gloo",
     {true, true, CX_TRANSPORT_CROSS_ALLREDUCE | CX_TRANSPORT_SPLIT | CX_TRANSPORT_SENDRECV |
-                     CX_TRANSPORT_MARK_LOST,
+                     CX_TRANSPORT_MARK_LOST | CX_TRANSPORT_CROSS_PIPELINE,
      /* A call across hosts costs ~3.5 ms here against MPI's ~0.5 (a receive wakes Gloo's I/O
       * thread, then the caller); 8 MiB chunks halved the ResNet-50 step between two pretend
       * hosts (docs/performance.md, "Chunks across hosts"). */
      size_t(8) << 20},
     gloo_gather_bytes, gloo_bcast_bytes, gloo_allreduce_and, gloo_allreduce,
     gloo_allgatherv, gloo_broadcast, gloo_alltoallv, gloo_reduce_scatter, gloo_barrier,
-    gloo_cross_allreduce, gloo_split, gloo_sendrecv, gloo_mark_lost, gloo_destroy};
+    gloo_cross_allreduce, gloo_cross_allreduce_post, gloo_cross_allreduce_wait, gloo_split,
+    gloo_sendrecv, gloo_mark_lost, gloo_destroy};
 
 std::string host_name(const Root *root, int world_rank)
 {
@@ -825,8 +900,9 @@ cfx_status build(Root *root, const std::string &prefix, int rank, int size, cx_t
             cross->setTimeout(deadline_of(s));
             s->cross = cross;
             if (t->cross_size == 2)
-                s->cross_pair.reset(new PostedExchange(cross, kCrossExchangeSlot,
-                                                       kCrossExchangeStart, true));
+                for (int i = 0; i < 2; i++)
+                    s->cross_pair[i].reset(new PostedExchange(cross, kCrossExchangeSlot + 2 * i,
+                                                              kCrossExchangeStart, true));
         }
     });
     if (st) {
