@@ -29,7 +29,7 @@ namespace cx_gloo {
 
 using millis = std::chrono::milliseconds;
 
-class PostedExchange; /* transport_gloo.cpp: an allreduce in one hop over posted receives */
+class PostedExchange; /* gloo_exchange.h: an allreduce in one hop over posted receives */
 
 /* What the world transport and its splits share: the store, Gloo's device, the deadlines. Freed
  * with the last transport that uses it. */
