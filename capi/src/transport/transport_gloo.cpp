@@ -633,9 +633,10 @@ const cx_transport_ops gloo_ops = {
     "gloo",
     {true, true, CX_TRANSPORT_CROSS_ALLREDUCE | CX_TRANSPORT_SPLIT | CX_TRANSPORT_SENDRECV |
                      CX_TRANSPORT_MARK_LOST | CX_TRANSPORT_CROSS_PIPELINE,
-     /* A call across hosts costs ~3.5 ms here against MPI's ~0.5 (a receive wakes Gloo's I/O
-      * thread, then the caller); 8 MiB chunks halved the ResNet-50 step between two pretend
-      * hosts (docs/performance.md, "Chunks across hosts"). */
+     /* Every receive wakes Gloo's I/O thread, then the caller: a cross-host call's wake-ups
+      * cost up to milliseconds on a busy host, where MPI polls in the caller; 8 MiB chunks
+      * halved the ResNet-50 step between two pretend hosts (docs/performance.md, "Chunks
+      * across hosts"), and the pipelined leg overlaps the rest. */
      size_t(8) << 20},
     gloo_gather_bytes, gloo_bcast_bytes, gloo_allreduce_and, gloo_allreduce,
     gloo_allgatherv, gloo_broadcast, gloo_alltoallv, gloo_reduce_scatter, gloo_barrier,
