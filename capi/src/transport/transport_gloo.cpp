@@ -234,16 +234,22 @@ void run_allreduce(const std::shared_ptr<gloo::Context> &ctx, void *buf, size_t 
     gloo::allreduce(o);
 }
 
-/* run_allreduce's reduction through a posted exchange (every op here is commutative). */
-void exchange_allreduce(PostedExchange &x, void *buf, size_t count, cfx_dtype dtype,
-                        cfx_reduce_op op, millis timeout)
+/* The exchange's combine for the engine's op (every op here is commutative). */
+PostedExchange::Reduce exchange_reduce(cfx_dtype dtype, cfx_reduce_op op)
 {
     if (op == CFX_OP_AVERAGE)
         op = CFX_OP_SUM; /* the engine scales */
-    x.allreduce(buf, count * cfx_dtype_size(dtype), cfx_dtype_size(dtype),
-                [dtype, op](void *acc, const void *in, size_t n) {
-                    cx_reduce_into(acc, in, n, dtype, op);
-                }, true, timeout);
+    return [dtype, op](void *acc, const void *in, size_t n) {
+        cx_reduce_into(acc, in, n, dtype, op);
+    };
+}
+
+/* run_allreduce's reduction through a posted exchange. */
+void exchange_allreduce(PostedExchange &x, void *buf, size_t count, cfx_dtype dtype,
+                        cfx_reduce_op op, millis timeout)
+{
+    const size_t es = cfx_dtype_size(dtype);
+    x.allreduce(buf, count * es, es, exchange_reduce(dtype, op), true, timeout);
 }
 
 /* An allreduce over the whole transport: small ones through the posted exchange, the rest
@@ -468,23 +474,8 @@ cfx_status gloo_barrier(cx_transport *t)
     });
 }
 
-cfx_status gloo_cross_allreduce(cx_transport *t, void *buf, size_t count, cfx_dtype dtype,
-                                cfx_reduce_op op)
-{
-    State *s = state_of(t);
-    cfx_status st = check_op(t, op, "cross-host allreduce");
-    return st ? st : guarded(t, "cross-host allreduce", [&] {
-        if (s->cross_posted != s->cross_waited)
-            throw std::logic_error("a plain call while a posted one is under way");
-        if (s->cross_pair[0])
-            exchange_allreduce(*s->cross_pair[0], buf, count, dtype, op, deadline_of(s));
-        else if (s->cross)
-            run_allreduce(s->cross, buf, count, dtype, op, deadline_of(s));
-    });
-}
-
-/* Two hosts: the call's sends leave now and its receives were posted after the last call of the
- * same exchange; the wait combines. More hosts: Gloo's allreduce, whole, in the post. */
+/* Two hosts: the call's sends leave in the post, its receives were posted after the last call
+ * of the same exchange, and the wait combines. More hosts: Gloo's allreduce, whole, in the post. */
 cfx_status gloo_cross_allreduce_post(cx_transport *t, void *buf, size_t count, cfx_dtype dtype,
                                      cfx_reduce_op op)
 {
@@ -492,21 +483,15 @@ cfx_status gloo_cross_allreduce_post(cx_transport *t, void *buf, size_t count, c
     cfx_status st = check_op(t, op, "cross-host allreduce");
     if (st)
         return st;
-    st = guarded(t, "cross-host allreduce (posted)", [&] {
+    st = guarded(t, "cross-host allreduce", [&] {
         if (s->cross_posted - s->cross_waited >= CX_CROSS_IN_FLIGHT)
             throw std::logic_error("more cross-host allreduces under way than CX_CROSS_IN_FLIGHT");
-        if (s->cross_pair[0]) {
-            if (op == CFX_OP_AVERAGE)
-                op = CFX_OP_SUM; /* the engine scales */
-            const size_t es = cfx_dtype_size(dtype);
-            s->cross_pair[s->cross_posted % 2]->start(
-                buf, count * es, es,
-                [dtype, op](void *acc, const void *in, size_t n) {
-                    cx_reduce_into(acc, in, n, dtype, op);
-                }, true);
-        } else if (s->cross) {
+        const size_t es = cfx_dtype_size(dtype);
+        if (s->cross_pair[0])
+            s->cross_pair[s->cross_posted % 2]->start(buf, count * es, es,
+                                                      exchange_reduce(dtype, op), true);
+        else if (s->cross)
             run_allreduce(s->cross, buf, count, dtype, op, deadline_of(s));
-        }
         s->cross_posted++;
     });
     if (st) /* the caller waits for nothing more */
@@ -517,7 +502,7 @@ cfx_status gloo_cross_allreduce_post(cx_transport *t, void *buf, size_t count, c
 cfx_status gloo_cross_allreduce_wait(cx_transport *t)
 {
     State *s = state_of(t);
-    cfx_status st = guarded(t, "cross-host allreduce (posted)", [&] {
+    cfx_status st = guarded(t, "cross-host allreduce", [&] {
         if (s->cross_waited == s->cross_posted)
             throw std::logic_error("a wait with no cross-host allreduce under way");
         unsigned k = s->cross_waited++;
@@ -527,6 +512,18 @@ cfx_status gloo_cross_allreduce_wait(cx_transport *t)
     if (st) /* the caller waits for nothing more */
         s->cross_waited = s->cross_posted;
     return st;
+}
+
+/* The plain call is a post and its wait, with none of the posted ones under way. */
+cfx_status gloo_cross_allreduce(cx_transport *t, void *buf, size_t count, cfx_dtype dtype,
+                                cfx_reduce_op op)
+{
+    State *s = state_of(t);
+    if (s->cross_posted != s->cross_waited)
+        return cx_fail(CFX_ERR_INTERNAL, "gloo cross-host allreduce (rank %d): a plain call while "
+                       "a posted one is under way", t->rank);
+    cfx_status st = gloo_cross_allreduce_post(t, buf, count, dtype, op);
+    return st ? st : gloo_cross_allreduce_wait(t);
 }
 
 cfx_status gloo_sendrecv(cx_transport *t, cx_group group, const void *send, size_t send_bytes,
