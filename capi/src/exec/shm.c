@@ -629,16 +629,32 @@ static cfx_status cross_leg(cx_shm *s, cx_transport *t, void *buf, size_t count,
     return st;
 }
 
-/* The direct path's cross-host chunks, pipelined: block i of chunk k+1 is reduced while chunk k
- * crosses, so the link does not wait for the reduction and the transport's per-call wait overlaps
- * work. The blocks alternate between the two halves of `piece`; writes follow in chunk order. */
-static cfx_status direct_pipelined(cx_shm *s, cx_transport *t, const cx_segment *segs, size_t n,
-                                   cfx_dtype dtype, cfx_reduce_op op, double postscale)
+/* A posted block's result, written into every local rank's output. */
+static cfx_status direct_wait_write(cx_shm *s, cx_transport *t, const cx_segment *segs,
+                                   batch_pos *wr, size_t lo, size_t hi, const uint8_t *piece,
+                                   cfx_dtype dtype, double postscale)
 {
+    cfx_status st = t->ops->cross_allreduce_wait(t);
+    if (!st)
+        direct_write(s, segs, wr, lo, hi, piece, dtype, postscale);
+    return st;
+}
+
+/* The direct path across hosts: block i of each chunk is reduced into private scratch,
+ * allreduced across hosts, then written into every local rank's output. Where the transport can
+ * post the cross-host call and the block crosses uncompressed, chunk k+1 is reduced while chunk k
+ * crosses, so the link does not wait for the reduction: the blocks alternate between the two
+ * halves of `piece`, and the writes follow in chunk order. */
+static cfx_status direct_across_hosts(cx_shm *s, cx_transport *t, const cx_segment *segs,
+                                      size_t n, cfx_dtype dtype, cfx_reduce_op op,
+                                      double postscale, int wire, uint8_t *residual)
+{
+    bool pipelined = wire < 0 && cx_transport_has(t, CX_TRANSPORT_CROSS_PIPELINE);
     size_t esize = cfx_dtype_size(dtype), per_chunk = s->chunk / esize;
-    batch_pos rd = {0, 0}, wr = {0, 0};
+    batch_pos rd = {0, 0}, wr = {0, 0}; /* where the reads and the writes have got to */
     size_t lo[2] = {0, 0}, hi[2] = {0, 0};
-    int k = 0, posted = 0; /* posted: chunks under way, the oldest in the other half */
+    bool crossing = false; /* the other half's chunk is under way */
+    int k = 0;
     cfx_status st = CFX_OK;
     for (size_t off = 0; off < n; off += per_chunk, k ^= 1) {
         size_t count = n - off < per_chunk ? n - off : per_chunk;
@@ -646,26 +662,27 @@ static cfx_status direct_pipelined(cx_shm *s, cx_transport *t, const cx_segment 
         hi[k] = off + block_start(count, s->nlocal, s->me + 1);
         uint8_t *piece = s->piece + (size_t)k * s->chunk;
         direct_reduce(s, segs, &rd, lo[k], hi[k], piece, dtype, op);
-        /* Ranks with an empty block still post, so the cross group's calls match. */
+        /* Ranks with an empty block still call, so the cross group's calls match. */
+        if (!pipelined) {
+            if ((st = cross_leg(s, t, piece, hi[k] - lo[k], dtype, op, wire,
+                                residual ? residual + lo[k] * esize : NULL)))
+                return st;
+            direct_write(s, segs, &wr, lo[k], hi[k], piece, dtype, postscale);
+            continue;
+        }
         if ((st = t->ops->cross_allreduce_post(t, piece, hi[k] - lo[k], dtype, op)))
             return st;
-        if (++posted == CX_CROSS_IN_FLIGHT) {
-            int old = k ^ 1;
-            if ((st = t->ops->cross_allreduce_wait(t)))
-                return st;
-            posted--;
-            direct_write(s, segs, &wr, lo[old], hi[old], s->piece + (size_t)old * s->chunk, dtype,
-                         postscale);
-        }
-    }
-    if (posted) { /* the last chunk, in the half written last */
-        int last = k ^ 1;
-        if ((st = t->ops->cross_allreduce_wait(t)))
+        int other = k ^ 1;
+        if (crossing && (st = direct_wait_write(s, t, segs, &wr, lo[other], hi[other],
+                                                s->piece + (size_t)other * s->chunk, dtype,
+                                                postscale)))
             return st;
-        direct_write(s, segs, &wr, lo[last], hi[last], s->piece + (size_t)last * s->chunk, dtype,
-                     postscale);
+        crossing = true;
     }
-    return CFX_OK;
+    int last = k ^ 1; /* the half written last */
+    return crossing ? direct_wait_write(s, t, segs, &wr, lo[last], hi[last],
+                                        s->piece + (size_t)last * s->chunk, dtype, postscale)
+                    : CFX_OK;
 }
 
 /* The direct path: every local rank's tensors are in its pool, so nothing is copied in or out.
@@ -691,21 +708,8 @@ static cfx_status direct_allreduce(cx_shm *s, cx_transport *t, const cx_segment 
             direct_reduce(s, segs, &rd, a, e, s->strip, dtype, op);
             direct_write(s, segs, &wr, a, e, s->strip, dtype, postscale);
         }
-    } else if (wire < 0 && cx_transport_has(t, CX_TRANSPORT_CROSS_PIPELINE)) {
-        st = direct_pipelined(s, t, segs, n, dtype, op, postscale);
     } else {
-        size_t per_chunk = s->chunk / esize;
-        for (size_t off = 0; off < n && !st; off += per_chunk) {
-            size_t count = n - off < per_chunk ? n - off : per_chunk;
-            size_t lo = off + block_start(count, s->nlocal, s->me);
-            size_t hi = off + block_start(count, s->nlocal, s->me + 1);
-            direct_reduce(s, segs, &rd, lo, hi, s->piece, dtype, op);
-            /* Ranks with an empty block still call, so the cross communicator's calls match. */
-            st = cross_leg(s, t, s->piece, hi - lo, dtype, op, wire,
-                           residual ? residual + lo * esize : NULL);
-            if (!st)
-                direct_write(s, segs, &wr, lo, hi, s->piece, dtype, postscale);
-        }
+        st = direct_across_hosts(s, t, segs, n, dtype, op, postscale, wire, residual);
     }
     cfx_status lost = barrier(s);
     return st ? st : lost;
