@@ -723,27 +723,39 @@ typedef struct chunk_tail {
     uint8_t *res;
 } chunk_tail;
 
-/* The end of a chunk on the copy path: this rank's block out (unless it went out strip by
- * strip), the barrier after which every block is in the results, and the other blocks out.
- * `out` is the output cursor of the whole batch; `out_op` the copy out, its buf set here. */
-static cfx_status finish_chunk(cx_shm *s, const cx_segment *segs, cursor *out, chunk_tail *c,
-                               walk_op *out_op, bool own_block)
+/* Copies the other ranks' blocks of a chunk out of the results into the tensors; every rank
+ * must have passed a barrier after writing its block. `out` is the output cursor of the whole
+ * batch; `out_op` the copy out, its buf set here. */
+static void copy_out_others(const cx_segment *segs, cursor *out, const chunk_tail *c,
+                            walk_op *out_op)
 {
     size_t esize = cfx_dtype_size(out_op->dtype);
-    if (own_block) {
-        out_op->buf = c->res + c->lo * esize;
-        walk(segs, &c->own_out, c->hi - c->lo, out_op);
-    }
-    cfx_status st = barrier(s);
-    if (st)
-        return st;
     out_op->buf = c->res;
     walk(segs, out, c->lo, out_op);
     walk_op skip_out = {WALK_SKIP, c->res, NULL, false, out_op->dtype, out_op->op, 1.0};
     walk(segs, out, c->hi - c->lo, &skip_out);
     out_op->buf = c->res + c->hi * esize;
     walk(segs, out, c->count - c->hi, out_op);
-    return CFX_OK;
+}
+
+/* Copies this rank's block of a chunk out of the results into the tensors. */
+static void copy_out_own(const cx_segment *segs, chunk_tail *c, walk_op *out_op)
+{
+    out_op->buf = c->res + c->lo * cfx_dtype_size(out_op->dtype);
+    walk(segs, &c->own_out, c->hi - c->lo, out_op);
+}
+
+/* The end of a chunk on the copy path: this rank's block out (unless it went out strip by
+ * strip), the barrier after which every block is in the results, and the other blocks out. */
+static cfx_status finish_chunk(cx_shm *s, const cx_segment *segs, cursor *out, chunk_tail *c,
+                               walk_op *out_op, bool own_block)
+{
+    if (own_block)
+        copy_out_own(segs, c, out_op);
+    cfx_status st = barrier(s);
+    if (!st)
+        copy_out_others(segs, out, c, out_op);
+    return st;
 }
 
 /* finish_chunk for a chunk whose block was posted across hosts: its result first. */
@@ -788,8 +800,10 @@ cfx_status cx_shm_allreduce_wire(cx_shm *s, cx_transport *t, const cx_segment *s
     bool offered = offers && offer_direct(s, segs, nsegs, esize, prescale);
     bool pipelined = hierarchical && wire < 0 &&
                      cx_transport_has(t, CX_TRANSPORT_CROSS_PIPELINE);
-    chunk_tail prev = {{0, 0}, 0, 0, 0, NULL}; /* the chunk crossing, when `crossing` */
-    bool crossing = false;
+    /* The last chunk, when `crossing` (its block is posted across hosts) or `unfinished` (its
+     * results are in once every rank passed the next barrier). */
+    chunk_tail prev = {{0, 0}, 0, 0, 0, NULL};
+    bool crossing = false, unfinished = false;
     int k = 0;
     for (size_t off = 0; off < n; off += per_chunk, k ^= 1) {
         size_t count = n - off < per_chunk ? n - off : per_chunk;
@@ -819,11 +833,15 @@ cfx_status cx_shm_allreduce_wire(cx_shm *s, cx_transport *t, const cx_segment *s
                     return st;
             }
         }
+        walk_op out_op = {WALK_COPY_OUT, NULL, NULL, false, dtype, op, postscale};
+        if (unfinished) { /* every rank wrote its block of the last chunk before this barrier */
+            copy_out_others(segs, &out, &prev, &out_op);
+            unfinished = false;
+        }
         uint8_t *res = s->results + (size_t)k * s->chunk;
-        /* The own block goes out before the second barrier (no peer reads this rank's tensors,
+        /* The own block goes out before the next barrier (no peer reads this rank's tensors,
          * only its slot): one strip at a time, right after its reduction, while it is in L1.
          * Hierarchical mode copies it out after the cross-host step. */
-        walk_op out_op = {WALK_COPY_OUT, res, NULL, false, dtype, op, postscale};
         chunk_tail cur = {own, lo, hi, count, res};
         size_t strip = hierarchical ? hi - lo : OWN_STRIP_BYTES / esize;
         for (size_t a = lo; a < hi; a += strip) {
@@ -836,15 +854,22 @@ cfx_status cx_shm_allreduce_wire(cx_shm *s, cx_transport *t, const cx_segment *s
                 walk(segs, &cur.own_out, m, &out_op);
             }
         }
-        if (!hierarchical) {
-            st = finish_chunk(s, segs, &out, &cur, &out_op, false);
-        } else if (!pipelined) {
-            /* Every local rank sends its own block across hosts: all links work at once. Ranks
-             * with an empty block still call, so the cross communicator's calls match. */
-            void *own_residual = residual ? (uint8_t *)residual + (off + lo) * esize : NULL;
-            st = cross_leg(s, t, res + lo * esize, hi - lo, dtype, op, wire, own_residual);
-            if (!st)
-                st = finish_chunk(s, segs, &out, &cur, &out_op, true);
+        if (!pipelined) {
+            if (hierarchical) {
+                /* Every local rank sends its own block across hosts: all links work at once.
+                 * Ranks with an empty block still call, so the cross communicator's calls match. */
+                void *own_residual = residual ? (uint8_t *)residual + (off + lo) * esize : NULL;
+                st = cross_leg(s, t, res + lo * esize, hi - lo, dtype, op, wire, own_residual);
+                if (!st)
+                    copy_out_own(segs, &cur, &out_op);
+            }
+            /* One barrier a chunk: the next chunk's, after its copy in, also says that this
+             * chunk's results are in. The slots and results alternate: the next copy in writes
+             * the other slot, and this chunk's slot and result are rewritten only after the
+             * barrier after next, which every rank passes only once it has read them. (A posted
+             * chunk's result comes in only after the next barrier, hence its own one.) */
+            prev = cur;
+            unfinished = true;
         } else {
             /* This chunk crosses while the last one is finished; the next is copied in and
              * reduced (the slots and results alternate, and each barrier keeps a slot from being
@@ -858,9 +883,8 @@ cfx_status cx_shm_allreduce_wire(cx_shm *s, cx_transport *t, const cx_segment *s
         if (st)
             return st;
     }
-    if (crossing) {
-        walk_op out_op = {WALK_COPY_OUT, prev.res, NULL, false, dtype, op, postscale};
+    walk_op out_op = {WALK_COPY_OUT, prev.res, NULL, false, dtype, op, postscale};
+    if (crossing)
         return finish_posted(s, t, segs, &out, &prev, &out_op);
-    }
-    return CFX_OK;
+    return unfinished ? finish_chunk(s, segs, &out, &prev, &out_op, false) : CFX_OK;
 }

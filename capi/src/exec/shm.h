@@ -7,10 +7,12 @@
  * chunk, and local rank i owns block i of each chunk: every rank copies the other ranks' blocks
  * of its chunk into its slot (its own block stays where it is); after a barrier, rank i reduces
  * block i, in rank order, from the peers' slots and straight from its own tensors into the result
- * area (the reduction work is split across the local ranks); after a second barrier every rank
- * copies the whole result out. Chunks are cache-sized, so the data stays in cache between the copy
- * in, the reduction and the copy out; double buffering lets one chunk's copy out overlap the next
- * chunk's copy in. Leaving the own block in place saves 1/n of the copy in; a prescale or a
+ * area (the reduction work is split across the local ranks), and copies that block out at once;
+ * the other blocks are copied out after the next barrier, which is the next chunk's (after its
+ * copy in) or, after the last chunk, one more: one barrier a chunk. Chunks are cache-sized, so
+ * the data stays in cache between the copy in, the reduction and the copy out; the slots and the
+ * result area are double-buffered, which is what lets one barrier serve two chunks (a rank
+ * rewrites a slot or a result only after a barrier that every reader of it passed after reading). Leaving the own block in place saves 1/n of the copy in; a prescale or a
  * joined rank (no tensor: the identity) stages it like the rest. The barrier spins, yields, then
  * sleeps on a futex the last arriver wakes.
  * Because each element is combined in local-rank order by one rank, the result is bitwise the
