@@ -33,7 +33,8 @@ typedef struct run {
     char *work;         /* the batch: tensor i is elements [offs[i], offs[i + 1]) */
     cx_group group;
     int count, index;
-    bool local_dots;
+    cx_shm *local_dots; /* hierarchical: the segment that sums each level's dot products over
+                           this host's ranks too; else NULL */
 } run;
 
 static cfx_status grow(void **p, size_t *cap, size_t bytes)
@@ -164,9 +165,11 @@ static cfx_status combine(run *r, size_t lo, size_t hi, bool mine_left, int base
         cx_dot3(mine_left ? pm : pt, mine_left ? pt : pm, e - s, r->dtype, &dots[3 * i]);
     }
     cfx_status st = CFX_OK;
-    if (r->local_dots)
-        st = group_sum(r->t, CX_GROUP_LOCAL, 0, r->t->local_size, r->t->local_rank, dots, tmp,
-                       3 * r->n);
+    if (r->local_dots) {
+        cx_segment host = {dots, dots, 3 * r->n};
+        st = cx_shm_allreduce(r->local_dots, r->t, &host, 1, CFX_FLOAT64, CFX_OP_SUM, 1.0, 1.0,
+                              false);
+    }
     if (!st)
         st = group_sum(r->t, r->group, base, width, r->index, dots, tmp, 3 * r->n);
     if (st)
@@ -241,22 +244,6 @@ static cfx_status tree(run *r, size_t lo0, size_t hi0)
     return st;
 }
 
-/* Hierarchical: the host's shards, each reduced by one local rank, passed round the host. */
-static cfx_status gather_shards(cx_transport *t, char *work, size_t total, size_t es)
-{
-    int m = t->local_size, j = t->local_rank;
-    int next = (j + 1) % m, prev = (j + m - 1) % m;
-    cfx_status st = CFX_OK;
-    for (int step = 0; step < m - 1 && !st; step++) {
-        int out = ((j - step) % m + m) % m, in = ((j - step - 1) % m + m) % m;
-        size_t olo = cx_split_start(total, m, out), ohi = cx_split_start(total, m, out + 1);
-        size_t ilo = cx_split_start(total, m, in), ihi = cx_split_start(total, m, in + 1);
-        st = t->ops->sendrecv(t, CX_GROUP_LOCAL, work + olo * es, (ohi - olo) * es, next,
-                              work + ilo * es, (ihi - ilo) * es, prev);
-    }
-    return st;
-}
-
 cfx_status cx_adasum_allreduce(cx_adasum *a, cx_transport *t, cx_shm *shm,
                                const cx_response *items, cx_entry *const *entries, size_t n,
                                cfx_dtype dtype, double prescale, double postscale)
@@ -285,7 +272,7 @@ cfx_status cx_adasum_allreduce(cx_adasum *a, cx_transport *t, cx_shm *shm,
         else
             cx_scale_copy(dst, entries[i]->input, count, dtype, prescale);
     }
-    run r = {t, a, dtype, es, n, work, CX_GROUP_WORLD, t->size, t->rank, false};
+    run r = {t, a, dtype, es, n, work, CX_GROUP_WORLD, t->size, t->rank, NULL};
     cfx_status st = CFX_OK;
     if (total && shm && t->cross_size > 1) {
         cx_segment all = {work, work, total};
@@ -293,12 +280,12 @@ cfx_status cx_adasum_allreduce(cx_adasum *a, cx_transport *t, cx_shm *shm,
         r.group = CX_GROUP_CROSS;
         r.count = t->cross_size;
         r.index = t->cross_rank;
-        r.local_dots = t->local_size > 1;
+        r.local_dots = t->local_size > 1 ? shm : NULL;
         if (!st)
             st = tree(&r, cx_split_start(total, t->local_size, t->local_rank),
                       cx_split_start(total, t->local_size, t->local_rank + 1));
         if (!st)
-            st = gather_shards(t, work, total, es);
+            st = cx_shm_allgather_blocks(shm, work, total, es); /* the host's shards */
     } else if (total) {
         st = tree(&r, 0, total);
     }

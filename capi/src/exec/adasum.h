@@ -26,8 +26,10 @@
  * Across hosts (the hierarchical path, a shared-memory segment per host): the host's ranks first
  * average their batches (exec/shm.h), then local rank j takes shard j of the batch and runs 1-4
  * over the hosts (the cross group), with each level's partial dot products summed over the host's
- * ranks as well; last, the host's ranks pass their shards round (a ring). So: the average within
- * a host, Adasum between hosts, and every local rank carries its share of the cross-host bytes.
+ * ranks as well (through the segment); last, the host's ranks gather their shards through the
+ * segment (cx_shm_allgather_blocks). So: the average within a host, Adasum between hosts, and
+ * every local rank carries its share of the cross-host bytes; nothing within a host goes through
+ * the transport (over Gloo that would be TCP on the loopback).
  *
  * Called by the collective engine's background thread (execute.c) alone.
  */

@@ -102,4 +102,10 @@ cfx_status cx_shm_allreduce_wire(cx_shm *s, cx_transport *t, const cx_segment *s
                                  size_t nsegs, cfx_dtype dtype, cfx_reduce_op op, double prescale,
                                  double postscale, bool hierarchical, int wire, void *residual);
 
+/* Allgather of blocks in place: local rank i holds block i (elements [cx_split_start(count,
+ * nlocal, i), cx_split_start(count, nlocal, i + 1)) of `buf`, `esize` bytes each); afterwards
+ * every local rank holds all of `buf`. Through the slots, a chunk of each block a round, one
+ * barrier a round and one at the end. */
+cfx_status cx_shm_allgather_blocks(cx_shm *s, void *buf, size_t count, size_t esize);
+
 #endif /* CFX_SHM_H */
