@@ -1,6 +1,6 @@
 /*
- * shm - the intra-node shared-memory allreduce, its two-level (hierarchical) form, and the
- * one-host agreement.
+ * shm - the intra-node shared-memory allreduce, its two-level (hierarchical) form, the one-host
+ * agreement, and an in-place allgather of the local ranks' blocks (Adasum's shards).
  *
  * The ranks of one host map one POSIX shared-memory segment: a double-buffered input slot of one
  * chunk per local rank, a double-buffered result area, and a barrier. A reduction runs chunk by
