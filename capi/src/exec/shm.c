@@ -780,12 +780,8 @@ static size_t gather_part(const cx_shm *s, int q, size_t count, size_t esize, si
 cfx_status cx_shm_allgather_blocks(cx_shm *s, void *buf, size_t count, size_t esize)
 {
     uint8_t *b = buf;
-    size_t widest = 0, at;
-    for (int q = 0; q < s->nlocal; q++) {
-        size_t len = cx_split_start(count, s->nlocal, q + 1) - cx_split_start(count, s->nlocal, q);
-        widest = len > widest ? len : widest;
-    }
-    size_t rounds = (widest * esize + s->chunk - 1) / s->chunk;
+    size_t widest = (count + (size_t)s->nlocal - 1) / (size_t)s->nlocal; /* cx_split's largest */
+    size_t rounds = (widest * esize + s->chunk - 1) / s->chunk, at;
     int k = 0;
     for (size_t r = 0; r < rounds; r++, k ^= 1) {
         size_t off = r * s->chunk, part = gather_part(s, s->me, count, esize, off, &at);
@@ -838,10 +834,10 @@ cfx_status cx_shm_allreduce_wire(cx_shm *s, cx_transport *t, const cx_segment *s
     bool offered = offers && offer_direct(s, segs, nsegs, esize, prescale);
     bool pipelined = hierarchical && wire < 0 &&
                      cx_transport_has(t, CX_TRANSPORT_CROSS_PIPELINE);
-    /* The last chunk, when `crossing` (its block is posted across hosts) or `unfinished` (its
-     * results are in once every rank passed the next barrier). */
+    /* The last chunk, when `pending`: posted across hosts (`pipelined`), or with its results in
+     * once every rank passed the next barrier. */
     chunk_tail prev = {{0, 0}, 0, 0, 0, NULL};
-    bool crossing = false, unfinished = false;
+    bool pending = false;
     int k = 0;
     for (size_t off = 0; off < n; off += per_chunk, k ^= 1) {
         size_t count = n - off < per_chunk ? n - off : per_chunk;
@@ -872,10 +868,9 @@ cfx_status cx_shm_allreduce_wire(cx_shm *s, cx_transport *t, const cx_segment *s
             }
         }
         walk_op out_op = {WALK_COPY_OUT, NULL, NULL, false, dtype, op, postscale};
-        if (unfinished) { /* every rank wrote its block of the last chunk before this barrier */
+        /* Every rank wrote its block of the last chunk before this barrier. */
+        if (pending && !pipelined)
             copy_out_others(segs, &out, &prev, &out_op);
-            unfinished = false;
-        }
         uint8_t *res = s->results + (size_t)k * s->chunk;
         /* The own block goes out before the next barrier (no peer reads this rank's tensors,
          * only its slot): one strip at a time, right after its reduction, while it is in L1.
@@ -892,37 +887,34 @@ cfx_status cx_shm_allreduce_wire(cx_shm *s, cx_transport *t, const cx_segment *s
                 walk(segs, &cur.own_out, m, &out_op);
             }
         }
-        if (!pipelined) {
-            if (hierarchical) {
-                /* Every local rank sends its own block across hosts: all links work at once.
-                 * Ranks with an empty block still call, so the cross communicator's calls match. */
-                void *own_residual = residual ? (uint8_t *)residual + (off + lo) * esize : NULL;
-                st = cross_leg(s, t, res + lo * esize, hi - lo, dtype, op, wire, own_residual);
-                if (!st)
-                    copy_out_own(segs, &cur, &out_op);
-            }
-            /* One barrier a chunk: the next chunk's, after its copy in, also says that this
-             * chunk's results are in. The slots and results alternate: the next copy in writes
-             * the other slot, and this chunk's slot and result are rewritten only after the
-             * barrier after next, which every rank passes only once it has read them. (A posted
-             * chunk's result comes in only after the next barrier, hence its own one.) */
-            prev = cur;
-            unfinished = true;
-        } else {
+        if (pipelined) {
             /* This chunk crosses while the last one is finished; the next is copied in and
              * reduced (the slots and results alternate, and each barrier keeps a slot from being
              * rewritten before every rank read it). */
             st = t->ops->cross_allreduce_post(t, res + lo * esize, hi - lo, dtype, op);
-            if (!st && crossing)
+            if (!st && pending)
                 st = finish_posted(s, t, segs, &out, &prev, &out_op);
-            prev = cur;
-            crossing = true;
+        } else if (hierarchical) {
+            /* Every local rank sends its own block across hosts: all links work at once. Ranks
+             * with an empty block still call, so the cross communicator's calls match. */
+            void *own_residual = residual ? (uint8_t *)residual + (off + lo) * esize : NULL;
+            st = cross_leg(s, t, res + lo * esize, hi - lo, dtype, op, wire, own_residual);
+            if (!st)
+                copy_out_own(segs, &cur, &out_op);
         }
         if (st)
             return st;
+        /* Not posted, one barrier a chunk: the next chunk's, after its copy in, also says that
+         * this chunk's results are in. The slots and results alternate: the next copy in writes
+         * the other slot, and this chunk's slot and result are rewritten only after the barrier
+         * after next, which every rank passes only once it has read them. (A posted chunk's
+         * result comes in only after the next barrier, hence its own one.) */
+        prev = cur;
+        pending = true;
     }
+    if (!pending)
+        return CFX_OK;
     walk_op out_op = {WALK_COPY_OUT, prev.res, NULL, false, dtype, op, postscale};
-    if (crossing)
-        return finish_posted(s, t, segs, &out, &prev, &out_op);
-    return unfinished ? finish_chunk(s, segs, &out, &prev, &out_op, false) : CFX_OK;
+    return pipelined ? finish_posted(s, t, segs, &out, &prev, &out_op)
+                     : finish_chunk(s, segs, &out, &prev, &out_op, false);
 }
