@@ -745,25 +745,27 @@ static void copy_out_own(const cx_segment *segs, chunk_tail *c, walk_op *out_op)
     walk(segs, &c->own_out, c->hi - c->lo, out_op);
 }
 
-/* The end of a chunk on the copy path: this rank's block out (unless it went out strip by
- * strip), the barrier after which every block is in the results, and the other blocks out. */
+/* The end of a chunk on the copy path whose own block is out: the barrier after which every
+ * block is in the results, and the other blocks out. */
 static cfx_status finish_chunk(cx_shm *s, const cx_segment *segs, cursor *out, chunk_tail *c,
-                               walk_op *out_op, bool own_block)
+                               walk_op *out_op)
 {
-    if (own_block)
-        copy_out_own(segs, c, out_op);
     cfx_status st = barrier(s);
     if (!st)
         copy_out_others(segs, out, c, out_op);
     return st;
 }
 
-/* finish_chunk for a chunk whose block was posted across hosts: its result first. */
+/* finish_chunk for a chunk whose block was posted across hosts: its result, and the own block
+ * out, first. */
 static cfx_status finish_posted(cx_shm *s, cx_transport *t, const cx_segment *segs, cursor *out,
                                 chunk_tail *c, walk_op *out_op)
 {
     cfx_status st = t->ops->cross_allreduce_wait(t);
-    return st ? st : finish_chunk(s, segs, out, c, out_op, true);
+    if (st)
+        return st;
+    copy_out_own(segs, c, out_op);
+    return finish_chunk(s, segs, out, c, out_op);
 }
 
 /* Round `off` (bytes into every block) of cx_shm_allgather_blocks: where local rank q's part of
@@ -916,5 +918,5 @@ cfx_status cx_shm_allreduce_wire(cx_shm *s, cx_transport *t, const cx_segment *s
         return CFX_OK;
     walk_op out_op = {WALK_COPY_OUT, prev.res, NULL, false, dtype, op, postscale};
     return pipelined ? finish_posted(s, t, segs, &out, &prev, &out_op)
-                     : finish_chunk(s, segs, &out, &prev, &out_op, false);
+                     : finish_chunk(s, segs, &out, &prev, &out_op);
 }

@@ -12,8 +12,9 @@
  * copy in) or, after the last chunk, one more: one barrier a chunk. Chunks are cache-sized, so
  * the data stays in cache between the copy in, the reduction and the copy out; the slots and the
  * result area are double-buffered, which is what lets one barrier serve two chunks (a rank
- * rewrites a slot or a result only after a barrier that every reader of it passed after reading). Leaving the own block in place saves 1/n of the copy in; a prescale or a
- * joined rank (no tensor: the identity) stages it like the rest. The barrier spins, yields, then
+ * rewrites a slot or a result only after a barrier that every reader of it passed after
+ * reading). Leaving the own block in place saves 1/n of the copy in; a prescale or a joined rank
+ * (no tensor: the identity) stages it like the rest. The barrier spins, yields, then
  * sleeps on a futex the last arriver wakes.
  * Because each element is combined in local-rank order by one rank, the result is bitwise the
  * same on every rank and independent of fusion packing and chunking.
