@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 CFXHOSTS = os.path.join(ROOT, "tests", "hosts", "cfxhosts")
 TEST = os.path.join(ROOT, "tests", "elastic", "test_elastic_train.py")
-PYTHON = "/usr/bin/python3"
+PYTHON = os.path.join(ROOT, ".venv", "bin", "python")  # the project's Python environment
 SKIP = 77
 ROWS = (("kill", "lost-to-training",
          "lost worker → training again (b's 2 of 4 workers SIGKILLed mid-epoch)"),

@@ -90,7 +90,7 @@ bench=$build/bench/cfx_bench
 gloo_job=$build/tests/rendezvous/gloo_job
 if [ ! -x "$bench" ]; then
     [ -f "$build/CMakeCache.txt" ] ||
-        cmake -G Ninja -S "$root" -B "$build" -DPython3_EXECUTABLE=/usr/bin/python3 >/dev/null
+        cmake -G Ninja -S "$root" -B "$build" >/dev/null
     cmake --build "$build" --target cfx_bench >/dev/null
 fi
 # gloo_job (the silent host's program) is a target only of a build with the Gloo transport.
@@ -145,7 +145,7 @@ done
 if [ "$gloo" -eq 1 ]; then
     echo "bench/hosts.sh: silent host (a:2,b:2, gloo, $rate, $delay) ..." >&2
     if ! /usr/bin/python3 "$root/tests/hosts/cfxhosts" --hosts a,b --timeout 300 -- \
-            /usr/bin/python3 "$root/tests/rendezvous/test_dead_peer.py" "$root/tools/cfxrun" \
+            "$root/.venv/bin/python" "$root/tests/rendezvous/test_dead_peer.py" "$root/tools/cfxrun" \
             "$gloo_job" 4 link --hosts a:2,b:2 CFX_TRANSPORT_TIMEOUT_S=$silent_deadline \
             >"$out/silent.log" 2>&1; then
         tail -n 40 "$out/silent.log" >&2

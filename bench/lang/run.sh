@@ -34,7 +34,7 @@ while [ "$r" -le "$rounds" ]; do
   $mpi java -XX:+UseSerialGC "$jni" -cp "$build/java/conflux.jar" "$here/Overhead.java" "$iters" 10 | tee -a "$tmp/all"
   $mpi lua5.4 "$here/overhead.lua" "$iters" 10 | tee -a "$tmp/all"
   if [ -d "$build/python/conflux" ]; then
-    PYTHONPATH="$build/python:$here${PYTHONPATH:+:$PYTHONPATH}" $mpi /usr/bin/python3 "$here/overhead.py" "$iters" 10 |
+    PYTHONPATH="$build/python:$here${PYTHONPATH:+:$PYTHONPATH}" $mpi "$here/../../.venv/bin/python" "$here/overhead.py" "$iters" 10 |
       tee -a "$tmp/all"
   elif [ "$r" -eq 1 ]; then
     echo "run.sh: no Python rows ($build/python/conflux is not built)"

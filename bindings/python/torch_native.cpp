@@ -50,6 +50,8 @@
 namespace py = pybind11;
 using torch::autograd::Node;
 using torch::autograd::variable_list;
+// What grad_accumulator returns: an intrusive_ptr from torch 2.1x on, a shared_ptr before.
+using NodeRef = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor &>()));
 
 namespace {
 
@@ -72,7 +74,7 @@ public:
         if (params.size() != views.size())
             throw std::invalid_argument("Hooks: one view per parameter");
         for (size_t i = 0; i < params_.size(); i++) {
-            std::shared_ptr<Node> node = torch::autograd::impl::grad_accumulator(params_[i]);
+            NodeRef node = torch::autograd::impl::grad_accumulator(params_[i]);
             if (!node)
                 throw std::invalid_argument("Hooks: parameter " + std::to_string(i) +
                                             " does not require grad (no AccumulateGrad node)");
@@ -138,7 +140,7 @@ private:
     cfx_gradset *set_;
     std::vector<at::Tensor> params_, views_;
     py::object refused_;
-    std::vector<std::shared_ptr<Node>> nodes_;
+    std::vector<NodeRef> nodes_;
     std::vector<std::uintptr_t> keys_;
     std::vector<uint8_t> fired_;
 };

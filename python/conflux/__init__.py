@@ -15,6 +15,7 @@ subclasses at synchronize on every rank; bad local arguments raise ValueError/Ty
 host cheaper. `GradientSet` registers a model's gradients once and reduces them every step.
 PyTorch: `conflux.torch`; Horovod scripts: `conflux.horovod.torch`.
 """
+from . import _native_deps  # noqa: F401  (first: which CUDA runtime and NCCL libconflux binds to)
 from . import _capi  # noqa: F401  (conflux._capi, conflux._dlpack: imported with the package)
 from . import _core
 from . import _dlpack  # noqa: F401

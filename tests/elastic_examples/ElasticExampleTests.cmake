@@ -15,7 +15,7 @@ function(cfx_add_elastic_example_tests lang)
       string(APPEND _name "_rank${CMAKE_MATCH_1}")
     endif()
     add_test(NAME ${_name}
-      COMMAND /usr/bin/python3 ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/test_elastic_examples.py ${_case} -- ${ARGN})
+      COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/test_elastic_examples.py ${_case} -- ${ARGN})
     list(GET _case 1 _np)
     if(_case MATCHES "^grow")
       math(EXPR _np "${_np} + 1")  # the newcomer

@@ -185,7 +185,7 @@ def test_a_small_pool_refuses_then_reuses_freed_memory():
         except conflux.OutOfMemoryError as e:
             print("refused:", e)
         for i in range(500):  # 500 MiB through a 4 MiB pool: every block comes back
-            conflux.shared_array(1 << 20, np.uint8)[...] = i
+            conflux.shared_array(1 << 20, np.uint8)[...] = i % 256
         del keep
         gc.collect()
         print("after:", conflux.shared_array(4 << 20, np.uint8).nbytes)
