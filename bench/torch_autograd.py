@@ -19,6 +19,10 @@ rotating from round to round:
                            moved into shared tensor memory, reduced there in place); _view: and DDP's
                            gradient_as_bucket_view=True (the gradients are views of the buckets: no copies),
                            beside ddp_gloo_view: DDP on Gloo with that option too
+  fsdp_<backend>           FSDP2 (torch.distributed.fsdp.fully_shard) of the whole model on a 1-D CPU
+                           mesh over a group of that backend: parameters all-gathered before forward,
+                           gradients reduce-scattered (AVG) in backward; the optimizer steps each
+                           rank's shard (FSDP_BACKENDS, like DDP_BACKENDS)
   torch_conflux_optimizer  conflux.torch.DistributedOptimizer at its defaults
   torch_hvd_optimizer      conflux.horovod.torch.DistributedOptimizer at its defaults
 Each step: zero_grad, forward, backward, step (SGD); timed from a barrier to the step's return on every
@@ -45,6 +49,7 @@ import torch.distributed as dist
 from torch_gloo import finish, init_gloo  # bench/ is the script's folder, first on sys.path
 
 DDP_BACKENDS = ["gloo", "conflux"]  # DDP rows: one per torch.distributed backend named here
+FSDP_BACKENDS = ["gloo", "conflux"]  # FSDP2 rows likewise
 REPS = {  # model -> mode -> (warm-up steps, timed steps)
     "resnet50_shaped": {"full": (5, 40), "quick": (3, 15), "smoke": (0, 1)},  # smoke: after the checked step
     "resnet18": {"full": (3, 20), "quick": (2, 8), "smoke": (1, 1)},
@@ -100,9 +105,15 @@ def expected_after_first_step(shapes, size):
     return [sum(float(r + 1 + i % 3) for r in range(size)) / size for i in range(len(shapes))]
 
 
+def full_parameters(model):
+    """The model's parameters as whole tensors: an FSDP2 model's are DTensor shards, gathered here
+    (a collective over the model's mesh: every rank calls it in the same order)."""
+    return [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
+
+
 def digest(model):
     h = hashlib.sha1()
-    for p in model.parameters():
+    for p in full_parameters(model):
         h.update(p.detach().contiguous().numpy().tobytes())
     return int.from_bytes(h.digest()[:7], "little")  # fits an int64 tensor
 
@@ -187,6 +198,17 @@ def main():
     # "conflux" is registered by `import conflux.torch` above; without it there is no such row.
     backends = [b for b in DDP_BACKENDS if b != "conflux" or cfx is not None]
     groups = {b: (None if b == "gloo" else dist.new_group(backend=b)) for b in backends}
+    fsdp_meshes = {}
+    try:
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+        for b in FSDP_BACKENDS:
+            if b in backends:
+                fsdp_meshes[b] = DeviceMesh.from_group(groups[b] or dist.group.WORLD, "cpu")
+    except Exception as e:  # torch without FSDP2: one row each says why
+        fsdp_why = "n/a (FSDP2 unavailable: %s)" % str(e).splitlines()[0][:100]
+    else:
+        fsdp_why = None
 
     shapes = read_tsv(os.path.join(args.workloads, "resnet50.tsv"))
     for model_name in args.models.split(","):
@@ -199,7 +221,7 @@ def main():
             try:
                 import torchvision
             except Exception as e:
-                for m in ["local"] + ["ddp_" + b for b in DDP_BACKENDS] + ["torch_conflux_optimizer",
+                for m in ["local"] + ["ddp_" + b for b in DDP_BACKENDS] + ["fsdp_" + b for b in FSDP_BACKENDS] + ["torch_conflux_optimizer",
                                                                          "torch_hvd_optimizer"]:
                     na(model_name, m, "n/a (torchvision not importable: %s; Debian: python3-torchvision)" % e)
                 continue
@@ -236,6 +258,12 @@ def main():
             ddp = torch.nn.parallel.DistributedDataParallel(m, process_group=groups["conflux"], **options)
             ddp.register_comm_hook(groups["conflux"], cfx.ddp_hooks.shared_memory_hook)
             methods.append((name, ddp, torch.optim.SGD(ddp.parameters(), lr=lr), dist.barrier))
+        for b in FSDP_BACKENDS:
+            if b not in fsdp_meshes:
+                na(model_name, "fsdp_" + b, fsdp_why or "n/a (no %s process group)" % b)
+                continue
+            m = fully_shard(build(), mesh=fsdp_meshes[b])
+            methods.append(("fsdp_" + b, m, torch.optim.SGD(m.parameters(), lr=lr), dist.barrier))
         for name, mod, why in (("torch_conflux_optimizer", cfx, cfx_why), ("torch_hvd_optimizer", hvd, hvd_why)):
             if mod is None:
                 na(model_name, name, why)
@@ -275,7 +303,7 @@ def main():
                 if name == "local":
                     continue
                 bad = None
-                for i, p in enumerate((m.module if hasattr(m, "module") else m).parameters()):
+                for i, p in enumerate(full_parameters(m.module if hasattr(m, "module") else m)):
                     got = p.detach().view(-1)
                     if not torch.allclose(got, torch.full_like(got, want[i]), rtol=1e-6, atol=0):
                         j = int(torch.argmax((got - want[i]).abs()))
@@ -309,7 +337,8 @@ def main():
             ok = checks.get(name, True)
             if rank == args.perturb_rank:
                 with torch.no_grad():
-                    next(iter(m.parameters())).view(-1)[0] += 1.0
+                    first = next(iter(m.parameters()))
+                    getattr(first, "_local_tensor", first).view(-1)[0] += 1.0
             if name != "local":
                 ok = all_ok = same_on_every_rank(digest(m.module if hasattr(m, "module") else m)) and ok
                 flag = torch.tensor([1 if all_ok else 0], dtype=torch.int32)

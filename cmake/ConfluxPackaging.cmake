@@ -79,8 +79,7 @@ if(TARGET cfx_python)
     set(_cfx_py_deps "python3 (>= 3.${CMAKE_MATCH_1}~), python3 (<< 3.${_cfx_py_next}), ")
   endif()
   cfx_deb(python python3-conflux python "${_cfx_lib_dep}, ${_cfx_py_deps}python3-numpy"
-    "Conflux for Python 3\nThe conflux package: collectives on NumPy arrays, conflux.torch for PyTorch\n(DistributedOptimizer) and a Horovod-compatible conflux.horovod.torch.")
-  set(CPACK_DEBIAN_PYTHON_PACKAGE_SUGGESTS python3-torch)
+    "Conflux for Python 3\nThe conflux package: collectives on NumPy arrays, conflux.torch for PyTorch\n(DistributedOptimizer, the torch.distributed backend) and a Horovod-compatible\nconflux.horovod.torch. conflux.torch needs torch 2.13 or newer from PyPI (pip install\ntorch==2.15.0, the version it is built and tested with); Debian 12's python3-torch 1.13\nis not supported.")
 endif()
 if(TARGET conflux_jar)
   cfx_deb(java libconflux-java java

@@ -312,7 +312,7 @@ def cross_size():
 
 
 def version():
-    """The library's version string, e.g. "1.1.0"."""
+    """The library's version string, e.g. "1.3.0"."""
     return _capi.cfx_version_string()
 
 
@@ -639,13 +639,37 @@ def check_shape(shape):
     return shape
 
 
+_INT64_MAX = (1 << 63) - 1
+
+
+def _dtype_is_integer(dtype):
+    """Whether a numpy or torch dtype holds integers (bool is not a count)."""
+    kind = getattr(dtype, "kind", None)              # numpy
+    if kind is not None:
+        return kind in "iu"
+    is_floating, is_complex = getattr(dtype, "is_floating_point", None), getattr(dtype, "is_complex", None)
+    if is_floating is not None:                      # torch
+        return not is_floating and not is_complex and str(dtype) != "torch.bool"
+    return False
+
+
 def check_splits(splits):
-    """None or a sequence of ints (numpy/torch integer arrays accepted)."""
+    """None, or a sequence of ints each in 0 .. 2**63 - 1 (numpy/torch arrays of an integer dtype
+    accepted). An array of another dtype is a ValueError naming its dtype, decided before any
+    value is converted (so every rank refuses it alike, whatever its values are); a value out of
+    range is a ValueError naming it, never the binding's OverflowError."""
     if splits is None:
         return None
-    if hasattr(splits, "tolist"):
+    dtype = getattr(splits, "dtype", None)
+    if dtype is not None:
+        if not _dtype_is_integer(dtype):
+            raise ValueError("splits must be of an integer dtype, not %s" % (dtype,))
         splits = splits.tolist()
     try:
-        return [int(s) for s in splits]
+        values = [operator.index(s) for s in splits]
     except TypeError:
-        raise TypeError("splits must be None or a sequence of ints") from None
+        raise TypeError("splits must be None or a sequence of ints, not %r" % (splits,)) from None
+    for i, v in enumerate(values):
+        if not 0 <= v <= _INT64_MAX:
+            raise ValueError("splits[%d] is %d; a split is a row count, 0 .. 2**63 - 1" % (i, v))
+    return values

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# pip: `pip install .` into a venv (--system-site-packages so NumPy is Debian's, and so is pip: the
-# venv is made --without-pip; --no-build-isolation, no index), then `pip wheel .` (build isolation
+# pip: `pip install .` into a venv (--system-site-packages so pip is Debian's: the venv is made
+# --without-pip; NumPy is the project environment's, $CFX_PYTHON's, seen through a .pth file;
+# --no-build-isolation, no index), then `pip wheel .` (build isolation
 # on) and the wheel alone, with the build folder gone, into a second venv. Each venv: import from /,
 # and a 2-rank allreduce against the ranks' sum.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -10,8 +11,17 @@ py=${CFX_PYTHON:-/usr/bin/python3}
 pip_opts=(--no-index --no-cache-dir --disable-pip-version-check
           --config-settings "build-dir=$work/cmake" --config-settings "cmake-args=${CFX_SUBBUILD_ARGS:-}")
 
+# new_venv DIR: a venv of $py's base interpreter that also sees $py's own packages (NumPy).
+py_packages=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+new_venv() {
+    "$py" -m venv --system-site-packages --without-pip "$1"
+    local site
+    site=$("$1/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    echo "$py_packages" >"$site/project-environment.pth"
+}
+
 step "pip install $CFX_SRC into a venv"
-"$py" -m venv --system-site-packages --without-pip "$work/venv1"
+new_venv "$work/venv1"
 logged "$work/pip-install.log" "$work/venv1/bin/python" -m pip install --no-build-isolation "${pip_opts[@]}" \
     "$CFX_SRC"
 v=$("$work/venv1/bin/python" -m pip show conflux | sed -n 's/^Version: //p')
@@ -37,7 +47,7 @@ grep -q "^Version: $CFX_VERSION\$" "$work/unzipped/conflux-$CFX_VERSION.dist-inf
 
 step "the wheel alone (no build folder) into a second venv"
 rm -rf "$work/cmake"
-"$py" -m venv --system-site-packages --without-pip "$work/venv2"
+new_venv "$work/venv2"
 logged "$work/pip-install-wheel.log" "$work/venv2/bin/python" -m pip install --no-index --no-deps \
     --no-cache-dir --disable-pip-version-check "$whl"
 ranks 2 "$work/venv2/bin/python" "$here/allreduce_check.py" "$work/venv2" 2

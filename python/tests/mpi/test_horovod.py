@@ -189,6 +189,29 @@ def test_alltoall_return_forms(rank, size):
     assert splits.tolist() == [1] * size
 
 
+@pytest.mark.parametrize("garbage", [0.0, 3.0e38, float("nan"), float("inf"), -1e20])
+def test_alltoall_splits_of_a_float_dtype_is_a_value_error_on_every_rank(rank, size, garbage):
+    """Horovod's test_horovod_alltoall_splits_type_error passes float32 splits of uninitialized
+    values: whatever they hold on each rank (here a different value per rank, some beyond any int),
+    every rank refuses them with the same ValueError before anything is submitted, and the next
+    collective runs (the ranks still agree on what ran)."""
+    splits = torch.full((size,), garbage if rank % 2 else float(rank), dtype=torch.float32)
+    t = torch.arange(size, dtype=torch.float32)
+    with pytest.raises(ValueError, match="splits must be of an integer dtype, not torch.float32"):
+        hvd.alltoall(t, splits)
+    out = hvd.allreduce(torch.tensor([float(rank)]), op=hvd.Sum, name="after_splits_error")
+    assert out.item() == sum(range(size))
+
+
+def test_alltoall_splits_out_of_range_are_value_errors_not_overflow(rank, size):
+    t = torch.arange(size, dtype=torch.float32)
+    for bad in ([2 ** 64] * size, [-1] * size):
+        with pytest.raises(ValueError, match=r"splits\[0\] is -?\d+; a split is a row count"):
+            hvd.alltoall(t, bad)
+    with pytest.raises(TypeError, match="sequence of ints"):
+        hvd.alltoall(t, [1.5] * size)
+
+
 def test_join_and_barrier(rank, size):
     hvd.barrier()
     assert hvd.join() in range(size)

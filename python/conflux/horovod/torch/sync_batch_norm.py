@@ -6,9 +6,11 @@ import conflux.torch as _cfx
 from .mpi_ops import Sum, size
 
 
-class SyncBatchNorm(torch.nn.modules.batchnorm._BatchNorm):
+class SyncBatchNorm(torch.nn.BatchNorm1d):
     """Batch normalization with statistics over the whole global batch (all ranks) in training;
-    plain batch norm at size 1 and in eval mode."""
+    plain batch norm at size 1 and in eval mode. Any input of 2 or more dimensions (N, C, ...), as
+    Horovod's. (Built on the public BatchNorm1d, whose only 1-d part is the input check replaced
+    here, rather than on torch's private _BatchNorm base.)"""
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
                  track_running_stats=True):
