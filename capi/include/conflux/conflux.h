@@ -38,17 +38,17 @@ extern "C" {
 /* ---- Versions --------------------------------------------------------------------------------- */
 
 #define CFX_VERSION_MAJOR 1
-#define CFX_VERSION_MINOR 1
+#define CFX_VERSION_MINOR 3
 #define CFX_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, written out (no expressions in public macros). The minor
- * version is that of the newest symbol-version node of capi/conflux.map (CONFLUX_1.1). */
-#define CFX_VERSION_NUMBER 10100
+ * version is that of the newest symbol-version node of capi/conflux.map (CONFLUX_1.3). */
+#define CFX_VERSION_NUMBER 10300
 /* The ABI major: the soname is libconflux.so.<CFX_ABI_VERSION>. */
 #define CFX_ABI_VERSION 1
 
 /* The library's CFX_VERSION_NUMBER (compare with the header's to detect a mismatched install). */
 CFX_API int cfx_version(void);
-/* "1.1.0"; static storage. */
+/* "1.3.0"; static storage. */
 CFX_API const char *cfx_version_string(void);
 
 /* Bits of cfx_features(). */
@@ -245,6 +245,17 @@ typedef struct cfx_store_callbacks {
  * the CFX_* variables); the transport is Gloo. CFX_ERR_UNSUPPORTED in a build without Gloo. */
 CFX_API cfx_status cfx_init_with_store(const cfx_init_options *opts, const cfx_store_callbacks *store,
                                        cfx_context **out);
+
+/* Creates the context of a group whose members alone call it (since 1.3; e.g. torch's backend
+ * creator for dist.new_group, which torch calls on the members only): this process is `rank` of
+ * `size`, as the caller says (not the launcher), and the members meet over Gloo through `store`,
+ * whose keys must be the group's own (a store shared by several groups: prefix it per group).
+ * Processes outside the group take no part and are not waited for. Collective across the members;
+ * a group of one meets nobody. CFX_ERR_INVALID_ARGUMENT for a NULL store or out, a size below 1 or
+ * a rank outside [0, size), or a transport other than Gloo asked for; CFX_ERR_UNSUPPORTED in a build
+ * without Gloo. The callbacks are called from Conflux's threads while the context lives. */
+CFX_API cfx_status cfx_init_group(const cfx_init_options *opts, const cfx_store_callbacks *store,
+                                  int rank, int size, cfx_context **out);
 
 /* Stops the background thread after telling the other ranks; pending handles complete with
  * CFX_ERR_SHUT_DOWN. The context stays valid for queries (later collectives return

@@ -110,6 +110,34 @@ cfx_status cfx_init_with_store(const cfx_init_options *opts, const cfx_store_cal
     return init_over(opts, store, out);
 }
 
+/* A group's members alone meet (torch's new_group calls its backend on members only), so neither
+ * the launcher nor a parent context may be asked: rank and size are the caller's. */
+cfx_status cfx_init_group(const cfx_init_options *opts, const cfx_store_callbacks *store, int rank,
+                          int size, cfx_context **out)
+{
+    if (!out)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_init_group: out is NULL");
+    *out = NULL;
+    if (!store)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_init_group: store is NULL");
+    if (size < 1 || rank < 0 || rank >= size)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_init_group: rank %d of size %d: the size "
+                       "must be at least 1 and the rank in [0, size)", rank, size);
+    cx_config cfg;
+    cfx_status st = cx_config_load(&cfg, opts);
+    if (st)
+        return st;
+    if (cfg.transport != CFX_TRANSPORT_AUTO && cfg.transport != CFX_TRANSPORT_GLOO &&
+        !(size == 1 && cfg.transport == CFX_TRANSPORT_LOCAL))
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_init_group: rank %d of %d: a group meets "
+                       "over the Gloo transport, but transport %d was asked for", rank, size,
+                       cfg.transport);
+    cx_transport *t;
+    if ((st = cx_world_join_group(&cfg, store, rank, size, &t)))
+        return st;
+    return cx_context_create(t, &cfg, out);
+}
+
 /* ---- elastic worlds (engine/membership.h) ------------------------------------------------- */
 
 static cfx_status reform_options(const char *fn, const cfx_reform_options *given,

@@ -58,17 +58,23 @@ static cfx_status cannot_join(const cx_launch *l, const char *why)
 static atomic_uint worlds_joined;
 
 static cfx_status join_over_gloo(const cx_config *cfg, const cx_launch *l,
-                                 const cfx_store_callbacks *handed, cx_transport **out)
+                                 const cfx_store_callbacks *handed, const char *group_space,
+                                 cx_transport **out)
 {
     double rendezvous_s, transport_s;
     cfx_status st = cx_launch_timeouts(NULL, NULL, &rendezvous_s, &transport_s);
     if (st)
         return st;
     /* Every world this process joins gets its own key space (contexts made one after another in
-     * one job meet through the same store); every rank of a job calls cfx_init alike. */
+     * one job meet through the same store); every rank of a job calls cfx_init alike. A group's
+     * members are not every rank of the job, so their counts may differ: a group meets in the
+     * space its caller names (the store handed in is the group's own). */
     unsigned generation = (unsigned)atomic_fetch_add(&worlds_joined, 1) + 1;
     char space[32];
-    snprintf(space, sizeof space, "world%u", generation);
+    if (group_space)
+        snprintf(space, sizeof space, "%s", group_space);
+    else
+        snprintf(space, sizeof space, "world%u", generation);
     cx_store *store = NULL;
     int store_on_rank0 = !handed && !l->store_dir[0] && !l->store_served_by_launcher;
     int serve = l->rank == 0 && store_on_rank0;
@@ -102,6 +108,9 @@ static cfx_status join_over_gloo(const cx_config *cfg, const cx_launch *l,
     if (st) {
         char msg[CX_ERROR_MAX];
         snprintf(msg, sizeof msg, "%s", cx_error_message());
+        if (group_space)
+            return cx_fail(st, "cfx_init_group: joining the group as rank %d of %d: %s", l->rank,
+                           l->size, msg);
         return cx_fail(st, "cfx_init: joining the world of %s as rank %d of %d: %s",
                        cx_launcher_name(l->launcher), l->rank, l->size, msg);
     }
@@ -119,7 +128,7 @@ static cfx_status over_gloo(const cx_config *cfg, const cx_launch *l,
     if (l->missing[0] && !handed)
         return cannot_join(l, l->missing);
 #if CFX_HAVE_GLOO
-    return join_over_gloo(cfg, l, handed, out);
+    return join_over_gloo(cfg, l, handed, NULL, out);
 #else
     (void)cfg;
     (void)out;
@@ -164,4 +173,26 @@ cfx_status cx_world_create_transport(const cx_config *cfg, const cfx_store_callb
     if (!CFX_HAVE_MPI && l.launcher == CX_LAUNCHER_OPENMPI && (l.store_port || l.store_dir[0]))
         return over_gloo(cfg, &l, NULL, out);
     return mpi_or_alone(cfg, &l, out);
+}
+
+cfx_status cx_world_join_group(const cx_config *cfg, const cfx_store_callbacks *store, int rank,
+                               int size, cx_transport **out)
+{
+    if (size == 1)
+        return world_of_one(out); /* nobody to meet */
+#if CFX_HAVE_GLOO
+    cx_launch l;
+    memset(&l, 0, sizeof l);
+    l.launcher = CX_LAUNCHER_NONE;
+    l.rank = rank;
+    l.size = size;
+    return join_over_gloo(cfg, &l, store, "group", out);
+#else
+    (void)cfg;
+    (void)store;
+    (void)out;
+    return cx_fail(CFX_ERR_UNSUPPORTED, "cfx_init_group: rank %d of %d: this build of Conflux has "
+                   "no Gloo transport (configure with CONFLUX_WITH_GLOO=ON; Debian: libgloo-dev), "
+                   "which a group meets over", rank, size);
+#endif
 }

@@ -16,4 +16,10 @@
 cfx_status cx_world_create_transport(const cx_config *cfg, const cfx_store_callbacks *store,
                                      cx_transport **out);
 
+/* The transport of a group whose members alone call this (cfx_init_group): `rank` of `size` given
+ * by the caller, met over Gloo through `store` (the group's own key space); a group of one needs
+ * no store. */
+cfx_status cx_world_join_group(const cx_config *cfg, const cfx_store_callbacks *store, int rank,
+                               int size, cx_transport **out);
+
 #endif /* CFX_WORLD_H */

@@ -104,7 +104,9 @@ def main():
     ap.add_argument("--resnet18", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    dist.init_process_group("conflux")
+    # Under mpirun/cfxrun without MASTER_ADDR the rendezvous is the engine's (conflux://).
+    dist.init_process_group("conflux", init_method=None if "MASTER_ADDR" in os.environ
+                            else "conflux://")
     groups = {"conflux": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
     shapes = read_shapes(args.shapes)
     compare("ResNet-50 shapes (%d tensors)" % len(shapes), lambda: Shaped(shapes),

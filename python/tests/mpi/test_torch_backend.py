@@ -3,6 +3,7 @@ dist.* checked against results recomputed from each rank's known contribution, W
 semantics, dist.new_group on subset contexts, the rendezvous, and the errors (an op the engine has
 not, point-to-point, a tensor that differs across ranks, torch's rank against the engine's)."""
 import gc
+import os
 
 import numpy as np
 import pytest
@@ -19,7 +20,8 @@ def ensure_group():
     """The default group on "conflux", made with no arguments (under mpirun the env:// rendezvous
     falls back to conflux://)."""
     if not dist.is_initialized():
-        dist.init_process_group("conflux")
+        dist.init_process_group(
+            "conflux", init_method=None if "MASTER_ADDR" in os.environ else "conflux://")
     assert dist.get_backend() == "conflux"
     return dist.group.WORLD
 
@@ -263,8 +265,10 @@ def test_point_to_point_refused(rank, size):
     peer = (rank + 1) % size
     with pytest.raises(RuntimeError, match=r"no point-to-point send \(to rank %d\)" % peer):
         dist.send(torch.ones(1), peer)
-    with pytest.raises(RuntimeError, match="no point-to-point recv"):
-        dist.recv(torch.ones(1), (rank + 1) % size)
+    with pytest.raises(RuntimeError, match=r"no point-to-point recv \(from rank %d\)" % peer):
+        dist.recv(torch.ones(1), peer)
+    with pytest.raises(RuntimeError, match=r"no point-to-point recv \(from rank -1\)"):
+        dist.recv(torch.ones(1))  # from any source
 
 
 def test_mismatch_across_ranks_raises_with_name(rank, size):
@@ -297,3 +301,207 @@ def test_creator_checks_rank_and_size(rank, size):
 def test_registered_once():
     torch_backend.register()  # a second one (conflux.torch made the first): no assertion by torch
     assert "CONFLUX" in dist.Backend._plugins
+
+
+# ---- the native backend (conflux._torch_c10d): every c10d entry point and group kind ----
+def backend_of(group=None):
+    pg = group if group is not None else dist.group.WORLD
+    return pg._get_backend(torch.device("cpu"))
+
+
+def test_backend_is_native(rank, size):
+    from conflux import _torch_c10d
+    b = backend_of()
+    assert isinstance(b, _torch_c10d.Backend)
+    assert b.name() == "conflux" and (b.rank(), b.size()) == (rank, size)
+    assert b.supports_splitting
+    # the job's context, the one conflux.torch's own collectives use
+    assert b._context_address == conflux._core.current().address
+
+
+@pytest.mark.parametrize("factor", ["scalar", "tensor"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_all_reduce_premul_sum(factor, dtype, rank, size):
+    """PREMUL_SUM: each rank's tensor times the factor, summed (the engine's prescale)."""
+    f = 2.5
+    op = dist._make_nccl_premul_sum(f if factor == "scalar" else torch.tensor(f, dtype=dtype))
+    t = mine(rank, (4, 2), dtype, 23)
+    dist.all_reduce(t, op=op)
+    want = sum(f * x for x in everyone(size, (4, 2), dtype, 23))
+    np.testing.assert_allclose(t.numpy(), want, rtol=1e-6)
+    out = torch.empty(2)
+    dist.reduce_scatter_tensor(out, mine(rank, (size * 2,), dtype, 24).float(), op=op)
+    want = sum(f * x for x in everyone(size, (size * 2,), dtype, 24))
+    np.testing.assert_allclose(out.numpy(), want[2 * rank:2 * rank + 2], rtol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["BAND", "BOR", "BXOR"])
+def test_unsupported_ops_name_the_op(op, rank, size):
+    with pytest.raises(ValueError, match="no reduction op %s \\(allreduce\\)" % op):
+        dist.all_reduce(torch.ones(2, dtype=torch.int32), op=getattr(dist.ReduceOp, op))
+    dist.barrier()  # nothing was submitted: the group goes on
+
+
+def test_all_gather_and_reduce_scatter_coalesced(rank, size):
+    b = backend_of()
+    ins = [mine(rank, (3,), torch.float32, 42), mine(rank, (2, 2), torch.float64, 43)]
+    outs = [torch.empty(size * 3), torch.empty(size * 2, 2, dtype=torch.float64)]
+    b.all_gather_single_coalesced(outs, ins).wait()  # torch's name for allgather_into_tensor_coalesced
+    np.testing.assert_array_equal(outs[0].numpy(), np.concatenate(everyone(size, (3,), torch.float32, 42)))
+    np.testing.assert_array_equal(outs[1].numpy(), np.concatenate(everyone(size, (2, 2), torch.float64, 43)))
+    ins = [mine(rank, (size * 2,), torch.float32, 56), mine(rank, (size, 3), torch.float64, 57)]
+    outs = [torch.empty(2), torch.empty(1, 3, dtype=torch.float64)]
+    opts = dist.ReduceScatterOptions()
+    opts.reduceOp = dist.ReduceOp.MAX
+    b.reduce_scatter_single_coalesced(outs, ins, opts).wait()
+    want0 = np.max(everyone(size, (size * 2,), torch.float32, 56), axis=0)
+    want1 = np.max(everyone(size, (size, 3), torch.float64, 57), axis=0)
+    np.testing.assert_array_equal(outs[0].numpy(), want0[2 * rank:2 * rank + 2])
+    np.testing.assert_array_equal(outs[1].numpy(), want1[rank:rank + 1])
+
+
+def test_non_contiguous_everywhere(rank, size):
+    """Strided inputs and outputs: copied in and out by the backend."""
+    src = mine(rank, (3, 4), torch.float32, 63)
+    out = torch.zeros(4, size * 3).t()  # (size * 3, 4), not contiguous
+    dist.all_gather_into_tensor(out, src.t().contiguous().t())
+    np.testing.assert_array_equal(out.numpy(), np.concatenate(everyone(size, (3, 4), torch.float32, 63)))
+    b = torch.zeros(4, 3).t()
+    if rank == 0:
+        b.copy_(src)
+    dist.broadcast(b, 0)
+    np.testing.assert_array_equal(b.numpy(), everyone(size, (3, 4), torch.float32, 63)[0])
+
+
+def test_shape_errors_name_both_values(rank, size):
+    with pytest.raises(ValueError, match="all_gather_into_tensor: the output's number of elements "
+                       "is 5 on this rank, but %d is needed" % (3 * size)):
+        dist.all_gather_into_tensor(torch.empty(5), torch.ones(3))
+    with pytest.raises(ValueError, match="dtype"):
+        dist.all_gather_into_tensor(torch.empty(3 * size, dtype=torch.float64), torch.ones(3))
+    with pytest.raises(ValueError, match="root rank %d is not in the group of %d" % (size, size)):
+        backend_of().broadcast([torch.ones(1)], _root(size))
+    dist.barrier()
+
+
+def _root(r):
+    o = dist.BroadcastOptions()
+    o.rootRank = r
+    return o
+
+
+def test_work_future_and_error(rank, size):
+    """get_future() completes with the output tensors; a failed collective's Work and future
+    raise the engine's error (its class and message)."""
+    t = torch.full((3,), float(rank))
+    work = dist.all_reduce(t, async_op=True)
+    got = work.get_future().wait()
+    assert isinstance(got, list) and got[0] is not None
+    assert torch.all(got[0] == size * (size - 1) / 2) and torch.equal(got[0], t)
+    assert work.result()[0].data_ptr() == t.data_ptr()
+    bad = torch.ones(3 if rank == 0 else 4)
+    work = dist.all_reduce(bad, async_op=True)
+    fut = work.get_future()
+    with pytest.raises(conflux.MismatchError, match="allreduce"):
+        work.wait()
+    with pytest.raises(Exception, match=r"\[3\].*\[4\]|\[4\].*\[3\]"):
+        fut.wait()
+    assert work.is_completed() and not work.is_success()
+    dist.barrier()
+
+
+def test_sequence_numbers(rank, size):
+    b = backend_of()
+    b._set_sequence_number_for_group()  # a no-op: they start at 0
+    before = b._get_sequence_number_for_group()
+    dist.all_reduce(torch.ones(1))
+    dist.barrier()
+    assert b._get_sequence_number_for_group() == before + 2
+    got = [None] * size
+    dist.all_gather_object(got, b._get_sequence_number_for_group())
+    assert len(set(got)) == 1, got
+
+
+def test_new_group_local_synchronization(rank, size):
+    """use_local_synchronization=True: only the members call new_group (rank 0 does not) and meet
+    through the group's store; rank 0 carries on meanwhile (its allreduce with nobody, a group of
+    one, completes before the members' group exists)."""
+    members = list(range(1, size))
+    if rank == 0:
+        alone = dist.new_group([0], use_local_synchronization=True)
+        t = torch.full((2,), 7.0)
+        dist.all_reduce(t, group=alone)
+        assert torch.all(t == 7.0)
+    else:
+        group = dist.new_group(members, use_local_synchronization=True)
+        t = mine(rank, (3,), torch.float32, 91)
+        dist.all_reduce(t, group=group)
+        xs = everyone(size, (3,), torch.float32, 91)
+        np.testing.assert_array_equal(t.numpy(), sum(xs[r] for r in members))
+        outs = [torch.empty(3) for _ in members]
+        dist.all_gather(outs, mine(rank, (3,), torch.float32, 92), group=group)
+        for r, o in zip(members, outs):
+            np.testing.assert_array_equal(o.numpy(), contribution(r, (3,), "float32", 92))
+        assert dist.get_rank(group) == rank - 1
+        dist.destroy_process_group(group)
+    dist.barrier()
+
+
+def test_split_group(rank, size):
+    """dist.split_group: the parent's backend splits (Backend.split): even and odd ranks form a
+    group each, in the order given; a split that leaves ranks out gives them no group."""
+    evens, odds = list(range(0, size, 2)), list(range(1, size, 2))
+    group = dist.split_group(split_ranks=[evens, odds])
+    mine_ = evens if rank % 2 == 0 else odds
+    assert dist.get_rank(group) == mine_.index(rank)
+    assert backend_of(group).name() == "conflux"
+    t = mine(rank, (4,), torch.float64, 93)
+    dist.all_reduce(t, group=group)
+    xs = everyone(size, (4,), torch.float64, 93)
+    np.testing.assert_array_equal(t.numpy(), sum(xs[r] for r in mine_))
+    # the parent still works beside it
+    w = torch.ones(1)
+    dist.all_reduce(w)
+    assert w.item() == size
+    dist.destroy_process_group(group)
+    ends = dist.split_group(split_ranks=[[0, size - 1]])
+    if rank in (0, size - 1):
+        t = torch.full((1,), float(rank))
+        dist.all_reduce(t, group=ends)
+        assert t.item() == size - 1
+        dist.destroy_process_group(ends)
+    else:
+        assert ends == dist.GroupMember.NON_GROUP_MEMBER
+    dist.barrier()
+
+
+def test_group_collectives_all_kinds(rank, size):
+    """A new_group of its own context (cfx_init_group: every rank, in reverse order, so not the
+    job's world) takes every kind of collective; group ranks are positions in the list."""
+    members = list(reversed(range(size)))
+    group = dist.new_group(members, sort_ranks=False)
+    g = members.index(rank)
+    assert dist.get_rank(group) == g
+    assert backend_of(group)._context_address != conflux._core.current().address
+    t = mine(rank, (5,), torch.float32, 94)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+    np.testing.assert_array_equal(t.numpy(), np.min(everyone(size, (5,), torch.float32, 94), 0))
+    out = torch.empty(size * 2, dtype=torch.int64)
+    dist.all_to_all_single(out, mine(rank, (size * 2,), torch.int64, 95), group=group)
+    xs = everyone(size, (size * 2,), torch.int64, 95)
+    want = np.concatenate([xs[members[j]][2 * g:2 * g + 2] for j in range(size)])
+    np.testing.assert_array_equal(out.numpy(), want)
+    b = mine(rank, (3,), torch.float32, 96)
+    dist.broadcast(b, group_src=0, group=group)  # group rank 0: global rank size - 1
+    np.testing.assert_array_equal(b.numpy(), contribution(size - 1, (3,), "float32", 96))
+    dist.barrier(group=group)
+    dist.destroy_process_group(group)
+
+
+def test_whole_world_group_uses_the_job_context(rank, size):
+    group = dist.new_group(list(range(size)))
+    assert backend_of(group)._context_address == conflux._core.current().address
+    t = torch.full((2,), float(rank + 1))
+    dist.all_reduce(t, group=group)
+    assert torch.all(t == size * (size + 1) / 2)
+    dist.destroy_process_group(group)

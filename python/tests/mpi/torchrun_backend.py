@@ -36,6 +36,15 @@ def main():
     dist.all_gather(outs, torch.full((2,), float(rank)))
     if [o[0].item() for o in outs] != [float(r) for r in range(size)]:
         fail("all_gather gave %s" % [o.tolist() for o in outs])
+    # A group of its own (cfx_init_group through torch's store): every rank but 0, members only.
+    if rank > 0:
+        group = dist.new_group(list(range(1, size)), use_local_synchronization=True)
+        t = torch.full((2,), float(rank))
+        dist.all_reduce(t, group=group)
+        if not torch.all(t == sum(range(1, size))):
+            fail("all_reduce on the group of ranks 1..%d gave %s" % (size - 1, t.tolist()))
+        dist.destroy_process_group(group)
+    dist.barrier()
     torch.manual_seed(0)
     ref = torch.nn.Linear(4, 2)
     torch.manual_seed(rank)  # DDP's broadcast at construction makes it rank 0's
@@ -52,7 +61,7 @@ def main():
     for p, q in zip(model.module.parameters(), ref.parameters()):
         if not torch.allclose(p, q, rtol=1e-5, atol=1e-6):
             fail("DDP's parameters differ from the local model's: %s vs %s" % (p, q))
-    print("PASS: rank %d of %d on the engine under torchrun: all_reduce, all_gather, DDP"
+    print("PASS: rank %d of %d on the engine under torchrun: all_reduce, all_gather, a group, DDP"
           % (rank, size), flush=True)
 
 

@@ -1,0 +1,445 @@
+"""Conflux for JAX: collectives on jax.Arrays that work eagerly and inside jax.jit, through XLA FFI
+handlers that call Conflux's C ABI (bindings/jax/jax_ffi.cpp), and an optax transformation that
+averages gradients.
+
+    import jax, optax, conflux.jax as cfx
+    cfx.init()
+    params = cfx.broadcast_parameters(params, root_rank=0)
+    tx = cfx.DistributedOptimizer(optax.sgd(0.1))          # allreduce_gradients(), then sgd
+    @jax.jit
+    def step(params, opt_state, batch):
+        grads = jax.grad(loss)(params, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+Every collective carries one ordered effect: calls run in program order, inside a jitted function
+and across calls, so unnamed collectives pair up across ranks as they do in the NumPy API. Static
+shapes inside jit: allgather wants the same dim 0 on every rank and alltoall equal splits there;
+outside jit both take ragged inputs (through conflux's NumPy path). CPU arrays only. docs/jax.md.
+"""
+import numpy as _np
+
+import jax
+import jax.numpy as jnp
+from jax.core import ShapedArray
+
+from . import _core
+from . import _jax_primitive as _jax_ffi
+from ._core import (  # noqa: F401  (re-exported)
+    Adasum, Average, Compression, Max, Min, Product, Sum, DtypeError, ConfluxError,
+    is_initialized, local_size, cross_rank, cross_size,
+)
+
+__all__ = [
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+    "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
+    "barrier", "broadcast_parameters", "allreduce_gradients", "DistributedOptimizer",
+    "JaxState", "run", "engine_error",
+    "Sum", "Average", "Min", "Max", "Product", "Adasum", "Compression", "DtypeError",
+    "ConfluxError",
+]
+
+# The dtypes the engine reduces (cfx_dtype); anything else is a DtypeError at the call.
+_DTYPES = frozenset(_np.dtype(d) for d in (
+    "bool", "int8", "uint8", "int16", "uint16", "int32", "int64", "float16", "float32",
+    "float64")) | {_np.dtype(jnp.bfloat16)}
+_REDUCE_LINEAR = (Sum, Average)
+
+
+# ---- the job ----
+def init(**options):
+    """Joins the job (conflux.init, same options) and points the FFI handlers at its context.
+    Raises ImportError naming the reason when the handlers were not built."""
+    if _jax_ffi.UNAVAILABLE:
+        raise ImportError("conflux.jax: " + _jax_ffi.UNAVAILABLE)
+    _core.init(**options)
+    _jax_ffi.set_context(_core.current().address)
+
+
+def shutdown():
+    """Waits for the collectives JAX has in flight, then shuts Conflux down."""
+    try:
+        jax.effects_barrier()
+    finally:
+        _jax_ffi.set_context(0)
+        _core.shutdown()
+
+
+def _at_exit():
+    # Before conflux._core's own atexit frees the context (atexit runs in reverse order).
+    _jax_ffi.set_context(0)
+
+
+import atexit as _atexit  # noqa: E402
+_atexit.register(_at_exit)
+
+
+def rank():
+    return _core.rank()
+
+
+def size():
+    return _core.size()
+
+
+def local_rank():
+    return _core.local_rank()
+
+
+# ---- argument checks ----
+def _is_tracer(x):
+    return isinstance(x, jax.core.Tracer)
+
+
+def _label(x, name):
+    if name:
+        return repr(name)
+    shape = getattr(x, "shape", None)
+    dtype = getattr(x, "dtype", None)
+    return "an array of shape %s and dtype %s" % (tuple(shape) if shape is not None else "?",
+                                                   dtype)
+
+
+def _check(x, op, name):
+    """`x` as a JAX value after checking what the CPU path needs; errors name the op and array."""
+    if not _is_tracer(x) and not isinstance(x, jax.Array):
+        x = jnp.asarray(x)
+    dtype = _np.dtype(x.dtype)
+    if dtype not in _DTYPES:
+        raise DtypeError("conflux.jax.%s of %s: dtype %s is not one Conflux supports (bool, int8, "
+                         "uint8, int16, uint16, int32, int64, float16, bfloat16, float32, float64)"
+                         % (op, _label(x, name), dtype))
+    if not _is_tracer(x):
+        platforms = {d.platform for d in x.devices()}
+        if platforms != {"cpu"}:
+            raise ValueError("conflux.jax.%s of %s: the array is on %s; conflux.jax takes CPU "
+                             "arrays (jax.device_put(x, jax.devices('cpu')[0]))"
+                             % (op, _label(x, name), ", ".join(sorted(platforms))))
+    return x
+
+
+def _aval(x):
+    return ShapedArray(tuple(x.shape), x.dtype)
+
+
+def _name_attrs(name, label):
+    return (("name", _core.check_name(name) or ""), ("label", label))
+
+
+# ---- vmap rules: elementwise across ranks, so the batch dimension stays where it is ----
+def _elementwise_batch(args, dims, *, target, attrs):
+    n = _batch_size(args, dims)
+    args = [jnp.moveaxis(a, d, 0) if d is not None else jnp.broadcast_to(a, (n,) + a.shape)
+            for a, d in zip(args, dims)]
+    outs = _jax_ffi.bind(target, args, [_aval(a) for a in args], attrs, _elementwise_batch)
+    return outs, [0] * len(outs)
+
+
+def _batch_size(args, dims):
+    for a, d in zip(args, dims):
+        if d is not None:
+            return a.shape[d]
+    return 1
+
+
+# ---- allreduce / grouped allreduce ----
+def _allreduce_raw(xs, op, name, pre, post, compression, labels):
+    attrs = (("op", int(op)), ("prescale", float(pre)), ("postscale", float(post)),
+             ("compression", int(compression))) + _name_attrs(name, labels)
+    return _jax_ffi.bind("allreduce", xs, [_aval(x) for x in xs], attrs, _elementwise_batch)
+
+
+def _make_allreduce(op, name, pre, post, compression, labels):
+    """The allreduce of a list of arrays, differentiable for Sum and Average: its cotangent is
+    the same allreduce of the cotangents (the gradient of the sum over ranks of each rank's loss,
+    as conflux.torch and Horovod define it)."""
+    def raw(xs):
+        return _allreduce_raw(xs, op, name, pre, post, compression, labels)
+
+    if op not in _REDUCE_LINEAR:
+        return raw
+
+    @jax.custom_vjp
+    def f(xs):
+        return raw(xs)
+
+    def fwd(xs):
+        return raw(xs), None
+
+    def bwd(_, cts):
+        cts = [jnp.zeros(c.shape, c.dtype) if c is None else c for c in cts]
+        return (_allreduce_raw(cts, op, None, pre, post, compression, labels + " (gradient)"),)
+
+    f.defvjp(fwd, bwd)
+    return f
+
+
+def allreduce(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+              compression=None):
+    """The reduction of `x` over ranks (Average by default): postscale * op(prescale * x_r).
+    Differentiable for Sum and Average; vmap-able. `compression` is a conflux.Compression (or its
+    name) for float32/float64 arrays."""
+    op = _core.check_op(op)
+    x = _check(x, "allreduce", name)
+    pre = _core.check_scale(prescale_factor, "prescale_factor")
+    post = _core.check_scale(postscale_factor, "postscale_factor")
+    comp = _core.check_compression(compression)
+    return _make_allreduce(op, name, pre, post, comp, _label(x, name))([x])[0]
+
+
+def grouped_allreduce(tree, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
+                      compression=None):
+    """allreduce of every array of a pytree (or list) in one submission (cfx_grouped_allreduce:
+    negotiated, fused and completed together). Returns the same structure."""
+    op = _core.check_op(op)
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    if not leaves:
+        return tree
+    leaves = [_check(x, "grouped_allreduce", "%s[%d]" % (name or "tree", i))
+              for i, x in enumerate(leaves)]
+    pre = _core.check_scale(prescale_factor, "prescale_factor")
+    post = _core.check_scale(postscale_factor, "postscale_factor")
+    comp = _core.check_compression(compression)
+    label = "%s (%d arrays)" % (repr(name) if name else "a pytree", len(leaves))
+    out = _make_allreduce(op, name, pre, post, comp, label)(leaves)
+    return jax.tree_util.tree_unflatten(treedef, list(out))
+
+
+# ---- broadcast ----
+def _broadcast_raw(x, root, name, label):
+    attrs = (("root", int(root)),) + _name_attrs(name, label)
+    return _jax_ffi.bind("broadcast", [x], [_aval(x)], attrs, _elementwise_batch)[0]
+
+
+def broadcast(x, root_rank, name=None):
+    """root_rank's `x` on every rank. Differentiable: the cotangent is the sum of every rank's
+    cotangent on the root and zero elsewhere."""
+    root = _core.check_root(root_rank)
+    x = _check(x, "broadcast", name)
+    label = _label(x, name)
+
+    @jax.custom_vjp
+    def f(v):
+        return _broadcast_raw(v, root, name, label)
+
+    def fwd(v):
+        return f(v), None
+
+    def bwd(_, ct):
+        s = _allreduce_raw([ct], Sum, None, 1.0, 1.0, 0, label + " (gradient)")[0]
+        return (jnp.where(rank() == root, s, jnp.zeros_like(s)),)
+
+    f.defvjp(fwd, bwd)
+    return f(x)
+
+
+def broadcast_parameters(tree, root_rank=0, name=None):
+    """Every array of a pytree (parameters, optimizer state) set to root_rank's, in one jitted
+    program. Returns the same structure; non-array leaves are left alone. With `name`, leaf i is
+    broadcast under the name "<name>.<i>"."""
+    root = _core.check_root(root_rank)
+    _core.check_name(name)
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    idx = [i for i, v in enumerate(leaves) if isinstance(v, (jax.Array, _np.ndarray, _np.generic))]
+    if not idx:
+        return tree
+    arrays = [_check(leaves[i], "broadcast_parameters", "leaf %d" % i) for i in idx]
+    out = _broadcast_tree(tuple(arrays), root, name)
+    for i, v in zip(idx, out):
+        leaves[i] = v
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def _broadcast_tree_fn(arrays, root, name):
+    return [_broadcast_raw(a, root, None if name is None else "%s.%d" % (name, i),
+                           "leaf %d of the pytree" % i)
+            for i, a in enumerate(arrays)]
+
+
+_broadcast_tree = jax.jit(_broadcast_tree_fn, static_argnums=(1, 2))
+
+
+# ---- allgather, alltoall: static shapes inside jit, ragged outside ----
+def _eager_numpy(fn, x, *args, **kwargs):
+    """A collective through conflux's NumPy path, after every JAX collective in flight finished
+    (so the engine sees the same order on every rank)."""
+    jax.effects_barrier()
+    import conflux as _cfx
+    out = fn(_np.asarray(x), *args, **kwargs)
+    return jnp.asarray(out)
+
+
+def allgather(x, name=None):
+    """Every rank's `x` concatenated along dim 0. Inside jit every rank must contribute the same
+    dim 0 (the result has size() times it); outside jit dim 0 may differ by rank."""
+    x = _check(x, "allgather", name)
+    if x.ndim == 0:
+        raise ValueError("conflux.jax.allgather of %s: needs at least one dimension"
+                         % _label(x, name))
+    if not _is_tracer(x):
+        import conflux as _cfx
+        return _eager_numpy(_cfx.allgather, x, name=name)
+    out = ShapedArray((x.shape[0] * size(),) + tuple(x.shape[1:]), x.dtype)
+    return _jax_ffi.bind("allgather", [x], [out], _name_attrs(name, _label(x, name)))[0]
+
+
+def alltoall(x, splits=None, name=None, return_splits=False):
+    """Sends splits[j] rows of `x` (dim 0) to rank j and returns the rows received, in rank
+    order (with return_splits=True, also the rows received from each rank, a numpy array).
+    Inside jit the splits are equal (dim 0 divisible by size(); `splits` must be None or equal);
+    outside jit any splits (the received rows differ by rank)."""
+    x = _check(x, "alltoall", name)
+    n = size()
+    if x.ndim == 0:
+        raise ValueError("conflux.jax.alltoall of %s: needs at least one dimension"
+                         % _label(x, name))
+    if not _is_tracer(x) and splits is not None:
+        import conflux as _cfx
+        jax.effects_barrier()
+        out, received = _cfx.alltoall(_np.asarray(x), splits=[int(s) for s in splits], name=name)
+        out = jnp.asarray(out)
+        return (out, _np.asarray(received)) if return_splits else out
+    if splits is not None and len(set(int(s) for s in splits)) > 1:
+        raise ValueError("conflux.jax.alltoall of %s: unequal splits need static shapes that "
+                         "differ by rank; call it outside jit" % _label(x, name))
+    if x.shape[0] % n:
+        raise ValueError("conflux.jax.alltoall of %s: dim 0 (%d) does not divide by size() (%d)"
+                         % (_label(x, name), x.shape[0], n))
+    out = _jax_ffi.bind("alltoall", [x], [_aval(x)], _name_attrs(name, _label(x, name)))[0]
+    if return_splits:
+        return out, _np.full(n, x.shape[0] // n, dtype=_np.int64)
+    return out
+
+
+def reducescatter(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    """The reduction of `x` over ranks, of which this rank keeps its block of dim 0: with d0 rows
+    and n ranks the first d0 % n ranks get d0 // n + 1 rows, the others d0 // n."""
+    op = _core.check_op(op)
+    x = _check(x, "reducescatter", name)
+    if x.ndim == 0:
+        raise ValueError("conflux.jax.reducescatter of %s: needs at least one dimension"
+                         % _label(x, name))
+    n, r = size(), rank()
+    rows = x.shape[0] // n + (1 if r < x.shape[0] % n else 0)
+    attrs = (("op", op), ("prescale", _core.check_scale(prescale_factor, "prescale_factor")),
+             ("postscale", _core.check_scale(postscale_factor, "postscale_factor"))) \
+        + _name_attrs(name, _label(x, name))
+    out = ShapedArray((rows,) + tuple(x.shape[1:]), x.dtype)
+    return _jax_ffi.bind("reducescatter", [x], [out], attrs)[0]
+
+
+def barrier():
+    """Returns once every rank reached it (in program order with the other collectives)."""
+    _jax_ffi.bind("barrier", [], [], ())
+    jax.effects_barrier()
+
+
+# ---- optax ----
+def allreduce_gradients(op=Average, compression=None, prescale_factor=1.0,
+                        postscale_factor=1.0, name=None):
+    """An optax GradientTransformation that replaces the updates (gradients) by their allreduce
+    over ranks, the whole pytree in one grouped submission. Chain it before the optimizer:
+    optax.chain(allreduce_gradients(), optax.adam(1e-3)) (DistributedOptimizer does that)."""
+    import optax
+    op = _core.check_op(op)
+    _core.check_compression(compression)
+
+    def init_fn(params):
+        del params
+        return optax.EmptyState()
+
+    def update_fn(updates, state, params=None):
+        del params
+        return grouped_allreduce(updates, op=op, name=name, prescale_factor=prescale_factor,
+                                 postscale_factor=postscale_factor,
+                                 compression=compression), state
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def DistributedOptimizer(tx, op=Average, compression=None, prescale_factor=1.0,
+                         postscale_factor=1.0, name=None):
+    """`tx` applied to the gradients averaged over ranks (op), as Horovod's DistributedOptimizer:
+    optax.chain(allreduce_gradients(...), tx)."""
+    import optax
+    return optax.chain(allreduce_gradients(op=op, compression=compression,
+                                           prescale_factor=prescale_factor,
+                                           postscale_factor=postscale_factor, name=name), tx)
+
+
+# ---- errors: JAX's runtime error of a failed collective as the engine's error class ----
+def _status_classes():
+    from . import _capi
+    return {_capi.cfx_status_name(i + 1): cls for i, cls in enumerate(_core.STATUS_ERRORS)}
+
+
+def engine_error(exc):
+    """The conflux error (PeerLostError, MismatchError, ...) that a JAX runtime error of a failed
+    conflux.jax collective carries, or None for any other exception. A collective that fails
+    inside XLA surfaces as jax.errors.JaxRuntimeError whose message names the op, the array and
+    the status ("conflux.jax.allreduce of 'w': the collective failed: [PEER_LOST] ...")."""
+    import re
+    if isinstance(exc, ConfluxError):
+        return exc
+    m = re.search(r"conflux\.jax\.\w+.*?failed: \[([A-Z_]+)\]", str(exc))
+    if m is None:
+        return None
+    cls = _status_classes().get(m.group(1))
+    return cls(str(exc)) if cls is not None else None
+
+
+# ---- elastic training (docs/elastic.md) ----
+from . import elastic as _elastic  # noqa: E402
+
+
+class JaxState(_elastic.ObjectState):
+    """Elastic training state of a JAX job: pytrees of arrays (parameters, optimizer state) and
+    plain attributes, e.g. JaxState(params=params, opt_state=opt_state, epoch=0). commit() saves
+    it; after a lost worker run() restores the last commit; after every new world the pytrees
+    are broadcast from the member with the newest commit (broadcast_parameters, array by array,
+    under names of the membership round), the other attributes pickled."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+
+    def save(self):
+        # JAX arrays are immutable: keeping the references is the copy (deepcopy for the rest).
+        saved = {}
+        for attr in self._saved_state:
+            value = getattr(self, attr)
+            saved[attr] = value if _has_arrays(value) else __import__("copy").deepcopy(value)
+        self._saved_state = saved
+
+    def _sync_from(self, root):
+        self.save()
+        trees = {k: v for k, v in self._saved_state.items() if _has_arrays(v)}
+        rest = {k: v for k, v in self._saved_state.items() if k not in trees}
+        for k in sorted(trees):
+            trees[k] = broadcast_parameters(trees[k], root, name=_elastic._name("jax." + k))
+        if rest:
+            rest = self._bcast_object(rest, root, name="object_state")
+        self._saved_state = {k: trees[k] if k in trees else rest[k] for k in self._saved_state}
+        self._set_attrs()
+
+
+def _has_arrays(value):
+    return any(isinstance(v, (jax.Array, _np.ndarray)) for v in jax.tree_util.tree_leaves(value))
+
+
+def run(func):
+    """conflux.elastic.run for JAX: the same retry loop, with a failed conflux.jax collective's
+    JAX runtime error turned back into the engine's error (PeerLostError, ...) so that a lost
+    worker restores the last commit and goes on in the new world."""
+    import functools
+
+    @functools.wraps(func)
+    def translated(state, *args, **kwargs):
+        try:
+            return func(state, *args, **kwargs)
+        except Exception as e:  # noqa: BLE001  (re-raised as it was unless it carries a status)
+            err = engine_error(e)
+            if err is None or err is e:
+                raise
+            raise err from e
+
+    return _elastic.run(translated)
