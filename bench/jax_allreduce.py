@@ -22,16 +22,7 @@ import statistics
 import sys
 import time
 
-
-def read_tsv(path):
-    shapes = []
-    with open(path) as f:
-        for line in f:
-            if line.startswith("#") or not line.strip():
-                continue
-            name, dims = line.split()
-            shapes.append((name, tuple(int(d) for d in dims.split("x"))))
-    return shapes
+from model_shapes import read_tsv  # bench/ is the script's folder, first on sys.path
 
 
 def main():

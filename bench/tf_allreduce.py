@@ -28,17 +28,12 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from model_shapes import WORKLOADS, read_tsv  # noqa: E402
 
 
 def shapes():
-    out = []
-    with open(os.path.join(HERE, "workloads", "resnet50.tsv")) as f:
-        for line in f:
-            if line.startswith("#") or not line.strip():
-                continue
-            _, dims = line.rstrip("\n").split("\t")
-            out.append([int(d) for d in dims.split("x")])
-    return out
+    return [dims for _, dims in read_tsv(os.path.join(WORKLOADS, "resnet50.tsv"))]
 
 
 def tensors(tf, rank):

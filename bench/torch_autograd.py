@@ -46,7 +46,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from torch_gloo import finish, init_gloo  # bench/ is the script's folder, first on sys.path
+from model_shapes import read_tsv  # bench/ is the script's folder, first on sys.path
+from torch_gloo import finish, init_gloo
 
 DDP_BACKENDS = ["gloo", "conflux"]  # DDP rows: one per torch.distributed backend named here
 FSDP_BACKENDS = ["gloo", "conflux"]  # FSDP2 rows likewise
@@ -68,17 +69,6 @@ def keep_freed_memory():
     m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3  # malloc.h
     return all(libc.mallopt(k, v) == 1 for k, v in ((m_mmap_threshold, 32 << 20), (m_trim_threshold, 1 << 30),
                                                    (m_top_pad, 64 << 20)))
-
-
-def read_tsv(path):
-    shapes = []
-    with open(path) as f:
-        for line in f:
-            if line.startswith("#") or not line.strip():
-                continue
-            name, dims = line.split()
-            shapes.append((name, [int(d) for d in dims.split("x")]))
-    return shapes
 
 
 class ResNet50Shaped(torch.nn.Module):

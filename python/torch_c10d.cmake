@@ -9,21 +9,9 @@ if(NOT EXISTS ${CFX_TORCH_INCLUDE_DIR}/torch/csrc/distributed/c10d/Backend.hpp)
   message(STATUS "conflux._torch_c10d: the torch wheel has no c10d headers; not built")
   return()
 endif()
-add_library(cfx_torch_c10d MODULE ${PROJECT_SOURCE_DIR}/bindings/python/torch_c10d.cpp)
-set_target_properties(cfx_torch_c10d PROPERTIES OUTPUT_NAME _torch_c10d PREFIX ""
-  LIBRARY_OUTPUT_DIRECTORY ${CFX_PY_PKG_DIR} CXX_STANDARD 20 CXX_STANDARD_REQUIRED ON
-  CXX_VISIBILITY_PRESET hidden)
-if(Python3_SOABI)
-  set_target_properties(cfx_torch_c10d PROPERTIES SUFFIX ".${Python3_SOABI}.so")
-endif()
-target_include_directories(cfx_torch_c10d SYSTEM PRIVATE ${CFX_TORCH_INCLUDE_DIR}
-  ${CFX_TORCH_INCLUDE_DIR}/torch/csrc/api/include ${CFX_PYBIND11_INCLUDE_DIR})
-target_compile_definitions(cfx_torch_c10d PRIVATE TORCH_EXTENSION_NAME=_torch_c10d
-  _GLIBCXX_USE_CXX11_ABI=${CFX_TORCH_CXX11_ABI} USE_C10D_GLOO=0)
+cfx_torch_module(cfx_torch_c10d _torch_c10d ${PROJECT_SOURCE_DIR}/bindings/python/torch_c10d.cpp)
+target_compile_definitions(cfx_torch_c10d PRIVATE USE_C10D_GLOO=0)
 target_compile_options(cfx_torch_c10d PRIVATE -Wall -Wextra)
-target_link_libraries(cfx_torch_c10d PRIVATE conflux Python3::Module ${CFX_TORCH_PYTHON_LIB}
-  ${CFX_TORCH_LIB} ${CFX_TORCH_CPU_LIB} ${CFX_C10_LIB})
-add_dependencies(cfx_python cfx_torch_c10d)
 set_target_properties(cfx_torch_c10d PROPERTIES INSTALL_RPATH "$ORIGIN/${_cfx_py_rpath}")
 install(TARGETS cfx_torch_c10d LIBRARY DESTINATION ${_cfx_py_dest}/conflux COMPONENT python)
 

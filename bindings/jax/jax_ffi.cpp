@@ -339,40 +339,27 @@ CFX_JAX_HANDLER(cfx_jax_allreduce, allreduce_impl,
                     .Attr<std::string_view>("name")
                     .Attr<std::string_view>("label"));
 
+// The binding of a one-array collective: the effect's token and the array in, the token and the
+// result out (the attributes follow, in the order of the handler's parameters).
+static auto one_array()
+{
+    return ffi::Ffi::Bind().Arg<ffi::Token>().Arg<ffi::AnyBuffer>().Ret<ffi::Token>().Ret<ffi::AnyBuffer>();
+}
+
 CFX_JAX_HANDLER(cfx_jax_allgather, allgather_impl,
-                ffi::Ffi::Bind()
-                    .Arg<ffi::Token>()
-                    .Arg<ffi::AnyBuffer>()
-                    .Ret<ffi::Token>()
-                    .Ret<ffi::AnyBuffer>()
-                    .Attr<std::string_view>("name")
-                    .Attr<std::string_view>("label"));
+                one_array().Attr<std::string_view>("name").Attr<std::string_view>("label"));
 
 CFX_JAX_HANDLER(cfx_jax_broadcast, broadcast_impl,
-                ffi::Ffi::Bind()
-                    .Arg<ffi::Token>()
-                    .Arg<ffi::AnyBuffer>()
-                    .Ret<ffi::Token>()
-                    .Ret<ffi::AnyBuffer>()
+                one_array()
                     .Attr<int32_t>("root")
                     .Attr<std::string_view>("name")
                     .Attr<std::string_view>("label"));
 
 CFX_JAX_HANDLER(cfx_jax_alltoall, alltoall_impl,
-                ffi::Ffi::Bind()
-                    .Arg<ffi::Token>()
-                    .Arg<ffi::AnyBuffer>()
-                    .Ret<ffi::Token>()
-                    .Ret<ffi::AnyBuffer>()
-                    .Attr<std::string_view>("name")
-                    .Attr<std::string_view>("label"));
+                one_array().Attr<std::string_view>("name").Attr<std::string_view>("label"));
 
 CFX_JAX_HANDLER(cfx_jax_reducescatter, reducescatter_impl,
-                ffi::Ffi::Bind()
-                    .Arg<ffi::Token>()
-                    .Arg<ffi::AnyBuffer>()
-                    .Ret<ffi::Token>()
-                    .Ret<ffi::AnyBuffer>()
+                one_array()
                     .Attr<int32_t>("op")
                     .Attr<double>("prescale")
                     .Attr<double>("postscale")

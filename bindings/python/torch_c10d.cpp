@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "conflux/conflux.h"
+#include "torch_dtype.h"
 
 namespace py = pybind11;
 
@@ -74,23 +75,6 @@ std::exception_ptr backend_error(const std::string &msg, cfx_status st = CFX_ERR
 }
 
 /* ---- tensors ---- */
-int dtype_of(at::ScalarType s)
-{
-    switch (s) {
-    case at::kByte: return CFX_UINT8;
-    case at::kChar: return CFX_INT8;
-    case at::kShort: return CFX_INT16;
-    case at::kInt: return CFX_INT32;
-    case at::kLong: return CFX_INT64;
-    case at::kHalf: return CFX_FLOAT16;
-    case at::kBFloat16: return CFX_BFLOAT16;
-    case at::kFloat: return CFX_FLOAT32;
-    case at::kDouble: return CFX_FLOAT64;
-    case at::kBool: return CFX_BOOL;
-    default: return -1;
-    }
-}
-
 at::ScalarType scalar_of(int32_t dtype)
 {
     switch (dtype) {
@@ -118,7 +102,7 @@ void check_tensor(const char *op, const char *what, const at::Tensor &t)
                    t.device().str() + " with layout " + c10::str(t.layout()) +
                    "; the backend is registered for dense CPU tensors (use a cpu:conflux,cuda:... "
                    "backend string for device tensors)");
-    if (dtype_of(t.scalar_type()) < 0)
+    if (cfx_dtype_of(t.scalar_type()) < 0)
         fail_value(std::string("conflux backend: ") + op + ": " + what + " has dtype " +
                    c10::toString(t.scalar_type()) + ", which the engine does not reduce or move");
     if (t.dim() > CFX_MAX_NDIM)
@@ -151,7 +135,7 @@ struct Desc {
     explicit Desc(at::Tensor x) : t(std::move(x)), shape(t.sizes().begin(), t.sizes().end())
     {
         d = cfx_tensor{t.numel() ? t.data_ptr() : nullptr, shape.data(),
-                       static_cast<int32_t>(shape.size()), dtype_of(t.scalar_type()),
+                       static_cast<int32_t>(shape.size()), cfx_dtype_of(t.scalar_type()),
                        CFX_DEVICE_CPU, nullptr};
     }
 };
@@ -187,6 +171,23 @@ at::Tensor engine_output(cfx_context *ctx, cfx_handle h, size_t index)
     if (!out.data)
         return at::empty(shape, opts);
     return at::from_blob(out.data, shape, opts);
+}
+
+/* The rows of a completed grouped allgather (output i: size rows, one per rank) into the
+ * caller's lists (outs[i][r] takes rank r's row of input i); returns the tensors written. */
+std::vector<at::Tensor> copy_gathered(std::vector<std::vector<at::Tensor>> &outs, int size,
+                                      cfx_context *c, cfx_handle h)
+{
+    std::vector<at::Tensor> all;
+    for (size_t i = 0; i < outs.size(); i++) {
+        at::Tensor g = engine_output(c, h, i);
+        for (int r = 0; r < size; r++) {
+            at::Tensor &o = outs[i][r];
+            o.copy_(g[r].view(o.sizes()));
+            all.push_back(o);
+        }
+    }
+    return all;
 }
 
 std::vector<int64_t> engine_splits(cfx_context *ctx, cfx_handle h, size_t index, int size)
@@ -538,16 +539,7 @@ public:
         int size = getSize();
         return gathered(what, c10d::OpType::ALLGATHER, inputs,
                         [outs, size](cfx_context *c, cfx_handle h) {
-            std::vector<at::Tensor> all;
-            for (size_t i = 0; i < outs->size(); i++) {
-                at::Tensor g = engine_output(c, h, i);
-                for (int r = 0; r < size; r++) {
-                    at::Tensor &o = (*outs)[i][r];
-                    o.copy_(g[r].view(o.sizes()));
-                    all.push_back(o);
-                }
-            }
-            return all;
+            return copy_gathered(*outs, size, c, h);
         });
     }
 
@@ -779,18 +771,7 @@ public:
         auto outs = std::make_shared<std::vector<std::vector<at::Tensor>>>(outputs);
         return gathered(what, c10d::OpType::GATHER, inputs,
                         [outs, size, root](cfx_context *c, cfx_handle h) {
-            std::vector<at::Tensor> all;
-            if (!root)
-                return all;
-            for (size_t i = 0; i < outs->size(); i++) {
-                at::Tensor g = engine_output(c, h, i);
-                for (int r = 0; r < size; r++) {
-                    at::Tensor &o = (*outs)[i][r];
-                    o.copy_(g[r].view(o.sizes()));
-                    all.push_back(o);
-                }
-            }
-            return all;
+            return root ? copy_gathered(*outs, size, c, h) : std::vector<at::Tensor>{};
         });
     }
 

@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "conflux/conflux.h"
+#include "torch_dtype.h"
 #include "bind.h"
 
 namespace py = pybind11;
@@ -173,23 +174,6 @@ variable_list ReadyHook::operator()(const variable_list &outputs, const variable
 
 PyObject *g_raise_status = nullptr;
 constexpr double WAIT_FIRST_S = 0.25;
-
-int cfx_dtype_of(at::ScalarType s)
-{
-    switch (s) {
-    case at::kByte: return CFX_UINT8;
-    case at::kChar: return CFX_INT8;
-    case at::kShort: return CFX_INT16;
-    case at::kInt: return CFX_INT32;
-    case at::kLong: return CFX_INT64;
-    case at::kHalf: return CFX_FLOAT16;
-    case at::kBFloat16: return CFX_BFLOAT16;
-    case at::kFloat: return CFX_FLOAT32;
-    case at::kDouble: return CFX_FLOAT64;
-    case at::kBool: return CFX_BOOL;
-    default: return -1;
-    }
-}
 
 /* An int (not a bool) within [lo, hi]. */
 bool plain_int(PyObject *o, long lo, long hi, long *out)

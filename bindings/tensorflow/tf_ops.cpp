@@ -293,6 +293,24 @@ class CfxKernel : public tf::AsyncOpKernel {
         done();
     }
 
+    // Ends the submission of one collective: its failure now, else the waiter completes the kernel
+    // once it is done (`outputs` as in await).
+    void submitted(tf::OpKernelContext *c, cfx_context *ctx, cfx_status st, cfx_handle h,
+                   DoneCallback done,
+                   std::function<absl::Status(tf::OpKernelContext *, Pending &)> outputs = nullptr) {
+        if (st != CFX_OK)
+            return submit_failed(c, st, done);
+        await(c, ctx, {h}, std::move(done), std::move(outputs));
+    }
+
+    // The outputs of a collective whose one result the engine allocated: into output 0.
+    std::function<absl::Status(tf::OpKernelContext *, Pending &)> engine_output() const {
+        std::string what = what_;
+        return [what](tf::OpKernelContext *k, Pending &p) {
+            return copy_output(k, p.ctx, p.handles[0], 0, what);
+        };
+    }
+
     // Hands `handles` to the waiter; once they completed, `outputs` (may be empty) fills the
     // outputs of a successful collective, and done() is called.
     void await(tf::OpKernelContext *c, cfx_context *ctx, std::vector<cfx_handle> handles,
@@ -366,9 +384,7 @@ class AllreduceOp : public CfxKernel {
         cfx_handle h = 0;
         cfx_status st = cfx_allreduce_async_opts(ctx, engine_name(), &d.t,
                                                  const_cast<char *>(out->tensor_data().data()), &o, &h);
-        if (st != CFX_OK)
-            return submit_failed(c, st, done);
-        await(c, ctx, {h}, std::move(done));
+        submitted(c, ctx, st, h, std::move(done));
     }
 
   private:
@@ -453,12 +469,7 @@ class AllgatherOp : public CfxKernel {
                           absl::InvalidArgumentError(what_ + ": needs at least one dimension"), done);
         cfx_handle h = 0;
         cfx_status st = cfx_allgather_async(ctx, engine_name(), &d.t, &h);
-        if (st != CFX_OK)
-            return submit_failed(c, st, done);
-        std::string what = what_;
-        await(c, ctx, {h}, std::move(done), [what](tf::OpKernelContext *k, Pending &p) {
-            return copy_output(k, p.ctx, p.handles[0], 0, what);
-        });
+        submitted(c, ctx, st, h, std::move(done), engine_output());
     }
 };
 
@@ -482,9 +493,7 @@ class BroadcastOp : public CfxKernel {
         OP_REQUIRES_OK_ASYNC(c, describe(*out, what_, &d), done);
         cfx_handle h = 0;
         cfx_status st = cfx_broadcast_async(ctx, engine_name(), &d.t, root_, &h);
-        if (st != CFX_OK)
-            return submit_failed(c, st, done);
-        await(c, ctx, {h}, std::move(done));
+        submitted(c, ctx, st, h, std::move(done));
     }
 
   private:
@@ -553,12 +562,7 @@ class ReducescatterOp : public CfxKernel {
         cfx_status st = cfx_reducescatter_async(ctx, engine_name(), &d.t,
                                                 static_cast<cfx_reduce_op>(attrs_.op),
                                                 attrs_.prescale, attrs_.postscale, &h);
-        if (st != CFX_OK)
-            return submit_failed(c, st, done);
-        std::string what = what_;
-        await(c, ctx, {h}, std::move(done), [what](tf::OpKernelContext *k, Pending &p) {
-            return copy_output(k, p.ctx, p.handles[0], 0, what);
-        });
+        submitted(c, ctx, st, h, std::move(done), engine_output());
     }
 
   private:
@@ -602,9 +606,7 @@ class BarrierOp : public CfxKernel {
             return;
         cfx_handle h = 0;
         cfx_status st = cfx_barrier_async(ctx, &h);
-        if (st != CFX_OK)
-            return submit_failed(c, st, done);
-        await(c, ctx, {h}, std::move(done));
+        submitted(c, ctx, st, h, std::move(done));
     }
 };
 
