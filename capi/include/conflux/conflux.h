@@ -189,7 +189,9 @@ typedef struct cfx_tensor {
 typedef struct cfx_context cfx_context;
 
 typedef enum cfx_transport_kind {
-    CFX_TRANSPORT_AUTO = 0,  /* MPI when built, else the single-process local transport */
+    CFX_TRANSPORT_AUTO = 0,  /* MPI where mpirun started the job (and MPI is built); Gloo where
+                              * another launcher did (cfxrun --transport gloo, torchrun, srun,
+                              * Horovod's); the single-process local transport without a launcher */
     CFX_TRANSPORT_MPI = 1,
     CFX_TRANSPORT_LOCAL = 2, /* one process, size 1, no MPI */
     CFX_TRANSPORT_GLOO = 3   /* Gloo over TCP; the world from the launcher (docs/launching.md) */

@@ -1,8 +1,8 @@
 /*
  * transport - the one internal interface between the engine and a communication backend.
  *
- * A transport owns a communicator (MPI: a duplicate of MPI_COMM_WORLD; local: a group of threads in
- * one process) and offers two planes:
+ * A transport owns a communicator (MPI: a duplicate of MPI_COMM_WORLD; Gloo: a context over TCP;
+ * local: a group of threads in one process) and offers two planes:
  * - the control plane the background thread negotiates over (gather of request bytes at rank 0,
  *   broadcast of the response bytes, an AND-allreduce of a bit vector);
  * - the data plane the collective engine moves tensor bytes over (host memory only).
@@ -17,7 +17,8 @@
  * shared-memory path is not a transport's business: exec/shm_layer.h wraps any transport whose
  * capabilities ask for it.
  *
- * Implementations: transport_mpi.c (Open MPI), transport_local.c (thread ranks, and size 1).
+ * Implementations: transport_mpi.c (Open MPI), transport_gloo.cpp (Gloo over TCP, with
+ * gloo_lost.cpp, gloo_state.h and gloo_exchange.h), transport_local.c (thread ranks, and size 1).
  * docs/architecture.md "Writing a transport" is the guide for the next one.
  */
 #ifndef CFX_TRANSPORT_H
