@@ -173,6 +173,17 @@ at::Tensor engine_output(cfx_context *ctx, cfx_handle h, size_t index)
     return at::from_blob(out.data, shape, opts);
 }
 
+/* An uninitialized contiguous tensor in shared tensor memory (cfx_alloc; freed with the tensor),
+ * or in private memory where the pool has no room. */
+at::Tensor shared_empty(at::IntArrayRef sizes, const at::TensorOptions &options)
+{
+    size_t bytes = static_cast<size_t>(c10::multiply_integers(sizes)) * options.dtype().itemsize();
+    void *p = nullptr;
+    if (bytes == 0 || cfx_alloc(bytes, &p) != CFX_OK)
+        return at::empty(sizes, options.device(at::kCPU));
+    return at::from_blob(p, sizes, [](void *q) { cfx_free(q); }, options.device(at::kCPU));
+}
+
 /* The rows of a completed grouped allgather (output i: size rows, one per rank) into the
  * caller's lists (outs[i][r] takes rank r's row of input i); returns the tensors written. */
 std::vector<at::Tensor> copy_gathered(std::vector<std::vector<at::Tensor>> &outs, int size,
@@ -941,12 +952,36 @@ private:
             check_same(what, "the output's number of elements", inputs[i].numel() * getSize(),
                        outputs[i].numel());
         }
+        /* Every rank's row of equal size: an integer SUM allreduce of a staging block in shared
+         * tensor memory that holds this rank's bytes in its row and zeros elsewhere gives every
+         * row's bytes exactly (an integer sum with zeros changes no bit, whatever the dtype, and
+         * -0.0 stays -0.0), over the engine's direct path, several times faster on one host
+         * than its allgather through the slots. */
+        int size = getSize(), rank = getRank();
+        auto ds = std::make_shared<std::vector<Desc>>();
+        auto blocks = std::make_shared<std::vector<at::Tensor>>();
+        for (const auto &in : inputs) {
+            int64_t row = in.numel() * static_cast<int64_t>(in.element_size());
+            at::ScalarType word = row % 8 == 0 ? at::kLong : row % 4 == 0 ? at::kInt
+                                : row % 2 == 0 ? at::kShort : at::kByte;
+            blocks->push_back(take_staging(static_cast<size_t>(row * size)));
+            at::Tensor bytes = blocks->back().narrow(0, 0, row * size).view({size, row});
+            bytes.zero_();
+            if (row)
+                bytes[rank].copy_(in.contiguous().view({-1}).view(at::kByte));
+            ds->emplace_back(bytes.view(word));
+        }
         auto outs = std::make_shared<std::vector<at::Tensor>>(outputs);
-        return gathered(what, type, inputs, [outs](cfx_context *c, cfx_handle h) {
+        return submit(what, type, [&](cfx_context *c, cfx_handle *h) {
+            return grouped_allreduce(c, *ds, Op{CFX_OP_SUM, 1.0}, h);
+        }, [this, ds, blocks, outs](cfx_context *, cfx_handle) {
             for (size_t i = 0; i < outs->size(); i++) {
                 at::Tensor &o = (*outs)[i];
-                o.copy_(engine_output(c, h, i).view(o.sizes()));
+                o.copy_((*ds)[i].t.view(at::kByte).view({-1}).view(o.scalar_type()).view(o.sizes()));
             }
+            ds->clear();
+            for (auto &b : *blocks)
+                give_staging(std::move(b));
             return *outs;
         });
     }
@@ -978,23 +1013,33 @@ private:
         Op op = reduce_op(rop, what);
         if (stacked.empty())
             fail_value(std::string("conflux backend: ") + what + ": no tensors");
+        /* An allreduce of a copy of the stacked inputs in shared tensor memory, of which each rank
+         * keeps its row: the engine's allreduce of tensors in shared memory takes the direct path
+         * (no copy in or out of its slots), which on one host is several times faster than its
+         * reducescatter, and the result is the same (every op reduces elementwise). */
         auto ds = std::make_shared<std::vector<Desc>>();
-        for (const auto &t : stacked)
-            ds->emplace_back(t.contiguous());
+        auto blocks = std::make_shared<std::vector<at::Tensor>>();
+        for (const auto &t : stacked) {
+            blocks->push_back(take_staging(static_cast<size_t>(t.numel()) * t.element_size()));
+            at::Tensor staging = blocks->back()
+                                     .narrow(0, 0, t.numel() * t.element_size())
+                                     .view(t.scalar_type())
+                                     .view(t.sizes());
+            staging.copy_(t);
+            ds->emplace_back(staging);
+        }
         auto outs = std::make_shared<std::vector<at::Tensor>>(outputs);
+        int rank = getRank();
         return submit(what, type, [&](cfx_context *c, cfx_handle *h) {
-            if (ds->size() == 1)
-                return cfx_reducescatter_async(c, nullptr, &(*ds)[0].d, op.op, op.prescale, 1.0, h);
-            std::vector<cfx_tensor> v;
-            for (auto &d : *ds)
-                v.push_back(d.d);
-            return cfx_grouped_reducescatter_async(c, nullptr, v.size(), v.data(), op.op,
-                                                   op.prescale, 1.0, h);
-        }, [ds, outs](cfx_context *c, cfx_handle h) {
+            return grouped_allreduce(c, *ds, op, h);
+        }, [this, ds, blocks, outs, rank](cfx_context *, cfx_handle) {
             for (size_t i = 0; i < outs->size(); i++) {
                 at::Tensor &o = (*outs)[i];
-                o.copy_(engine_output(c, h, i).view(o.sizes()));
+                o.copy_((*ds)[i].t[rank].view(o.sizes()));
             }
+            ds->clear();
+            for (auto &b : *blocks)
+                give_staging(std::move(b));
             return *outs;
         });
     }
@@ -1077,6 +1122,40 @@ private:
         }
     }
 
+    /* Shared-memory staging blocks (1-D uint8 in cfx_alloc memory) kept between calls: FSDP
+     * reduce-scatters the same sizes every step, and a block used again has its pages already
+     * (a fresh one takes a page fault per page). A call takes the smallest that fits, or makes
+     * one; at most kStagingKept wait for the next call. */
+    static constexpr size_t kStagingKept = 4;
+
+    at::Tensor take_staging(size_t bytes)
+    {
+        {
+            std::lock_guard<std::mutex> lk(staging_mu_);
+            auto best = staging_free_.end();
+            for (auto it = staging_free_.begin(); it != staging_free_.end(); ++it)
+                if (static_cast<size_t>(it->numel()) >= bytes &&
+                    (best == staging_free_.end() || it->numel() < best->numel()))
+                    best = it;
+            if (best != staging_free_.end()) {
+                at::Tensor b = std::move(*best);
+                staging_free_.erase(best);
+                return b;
+            }
+        }
+        return shared_empty({static_cast<int64_t>(std::max<size_t>(bytes, 1))},
+                            at::TensorOptions().dtype(at::kByte));
+    }
+
+    void give_staging(at::Tensor block)
+    {
+        std::lock_guard<std::mutex> lk(staging_mu_);
+        if (staging_free_.size() < kStagingKept)
+            staging_free_.push_back(std::move(block));
+    }
+
+    std::mutex staging_mu_;
+    std::vector<at::Tensor> staging_free_;
     cfx_context *ctx_; /* valid until close() joined the completer */
     bool owned_;
     std::unique_ptr<StoreAdapter> store_; /* outlives the context that calls it */

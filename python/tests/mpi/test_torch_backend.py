@@ -105,6 +105,32 @@ def test_all_gather_into_tensor(fn, rank, size):
                                   np.concatenate(everyone(size, (4,), torch.float32, 41)))
 
 
+@pytest.mark.parametrize("dtype,count", [(torch.float32, 5), (torch.float16, 3), (torch.int8, 7),
+                                         (torch.float64, 1), (torch.bool, 3)])
+def test_all_gather_into_tensor_keeps_every_bit(dtype, count, rank, size):
+    """Every rank's bytes arrive unchanged, whatever the dtype and row size (rows of an odd number
+    of bytes too): -0.0, NaN and infinities included, into a non-contiguous output as well."""
+    if dtype == torch.bool:
+        mine_ = torch.tensor([(rank + j) % 2 == 0 for j in range(count)])
+    elif dtype.is_floating_point:
+        specials = [-0.0, float("nan"), float("inf"), -float("inf"), rank + 0.5]
+        mine_ = torch.tensor([specials[(rank + j) % len(specials)] for j in range(count)], dtype=dtype)
+    else:
+        mine_ = torch.tensor([(-1) ** j * (rank * 10 + j) for j in range(count)], dtype=dtype)
+    rows = [torch.zeros(count, dtype=dtype) for _ in range(size)]
+    dist.all_gather(rows, mine_)  # the reference: each rank's tensor, through the plain allgather
+    out = torch.empty(size * count, dtype=dtype)
+    dist.all_gather_into_tensor(out, mine_)
+    strided = torch.empty(count, size, dtype=dtype).t()  # (size, count), not contiguous
+    dist.all_gather_into_tensor(strided, mine_)
+    want = torch.cat(rows)
+    for got in (out, strided.reshape(-1)):
+        assert got.view(torch.uint8).tolist() == want.view(torch.uint8).tolist()
+    signs = [torch.signbit(r).tolist() for r in rows] if dtype.is_floating_point else None
+    if signs is not None:  # -0.0 kept its sign
+        assert torch.signbit(out).tolist() == [b for r in signs for b in r]
+
+
 @pytest.mark.parametrize("op", ["SUM", "AVG", "MIN", "MAX"])
 def test_reduce_scatter(op, rank, size):
     if op not in REDUCE_OPS:
