@@ -27,7 +27,7 @@ from . import _core
 from . import _jax_primitive as _jax_ffi
 from ._core import (  # noqa: F401  (re-exported)
     Adasum, Average, Compression, Max, Min, Product, Sum, DtypeError, ConfluxError,
-    is_initialized, local_size, cross_rank, cross_size,
+    is_initialized, rank, size, local_rank, local_size, cross_rank, cross_size,
 )
 
 __all__ = [
@@ -72,18 +72,6 @@ def _at_exit():
 
 import atexit as _atexit  # noqa: E402
 _atexit.register(_at_exit)
-
-
-def rank():
-    return _core.rank()
-
-
-def size():
-    return _core.size()
-
-
-def local_rank():
-    return _core.local_rank()
 
 
 # ---- argument checks ----

@@ -19,6 +19,8 @@ import atexit as _atexit
 import tensorflow as tf
 
 from conflux import _core
+from conflux._core import (  # noqa: F401  (this module's API: the engine's topology)
+    cross_rank, cross_size, is_initialized, local_rank, local_size, rank, size)
 from conflux._core import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
 from conflux.horovod.common.exceptions import HorovodInternalError  # noqa: F401
 from conflux.horovod.common.util import (  # noqa: F401
@@ -59,34 +61,6 @@ def _at_exit():  # registered after conflux._core's: runs first
 
 
 _atexit.register(_at_exit)
-
-
-def is_initialized():
-    return _core.is_initialized()
-
-
-def rank():
-    return _core.rank()
-
-
-def size():
-    return _core.size()
-
-
-def local_rank():
-    return _core.local_rank()
-
-
-def local_size():
-    return _core.local_size()
-
-
-def cross_rank():
-    return _core.cross_rank()
-
-
-def cross_size():
-    return _core.cross_size()
 
 
 def is_homogeneous():
