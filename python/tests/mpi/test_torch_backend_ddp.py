@@ -187,8 +187,10 @@ def test_compressed_hook_within_rounding(hook, bits, rank, size):
 
 def test_compressed_hook_needs_conflux_group(rank, size):
     gloo = dist.new_group(backend="gloo")
+    dist.barrier()  # every rank's gloo mesh is made before any tears it down (below)
     with pytest.raises(TypeError, match="fp16_wire_hook needs a conflux process group"):
         cfx.ddp_hooks.fp16_wire_hook(gloo, None)
+    dist.barrier()
     dist.destroy_process_group(gloo)
 
 
@@ -238,6 +240,10 @@ def test_move_to_shared_moves_every_view(rank, size):
 
 def test_shared_memory_hook_needs_conflux_group(rank, size):
     gloo = dist.new_group(backend="gloo")
+    # Every rank has its gloo pairs connected before any tears its group down (a rank that
+    # destroyed it, or exited, closed a connection another rank's full mesh was still making).
+    dist.barrier()
     with pytest.raises(TypeError, match="shared_memory_hook needs a conflux process group"):
         cfx.ddp_hooks.shared_memory_hook(gloo, None)
+    dist.barrier()
     dist.destroy_process_group(gloo)
