@@ -137,11 +137,9 @@ rocm_built = _util.rocm_built
 
 
 def mpi_enabled():
-    """True while Conflux runs over its MPI transport (built with MPI, initialized, and
-    CFX_TRANSPORT not "local")."""
-    import os
-    return (_util.mpi_built() and _core.is_initialized() and
-            os.environ.get("CFX_TRANSPORT", "auto").strip().lower() != "local")
+    """True while Conflux runs over its MPI transport (initialized, and the engine says its
+    context's transport is MPI)."""
+    return _core.is_initialized() and _core.transport_name() == "mpi"
 
 
 def gloo_enabled():
