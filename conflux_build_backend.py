@@ -4,8 +4,9 @@ whose RUNPATH is $ORIGIN. Standard library only (Debian 12 packages no CMake-dri
 `pip install --no-index .` needs nothing from an index (with or without --no-build-isolation: NumPy's
 headers come from the interpreter's own site-packages, e.g. Debian's python3-numpy).
 
-The version is the CMake project's (project(Conflux VERSION ...) in CMakeLists.txt); the other
-metadata is pyproject.toml's [project] table. Config settings (pip --config-settings KEY=VALUE):
+The version is the CMake project's (project(Conflux VERSION ...) in CMakeLists.txt); the runtime
+dependencies are the lines of tools/python-requirements.txt (the project's one pinned list) tagged
+"# runtime" (see runtime_requirements); the other metadata is pyproject.toml's [project] table. Config settings (pip --config-settings KEY=VALUE):
   build-dir   keep the CMake build in this folder (reused by the next build: incremental);
               default: a temporary folder, removed afterwards
   cmake-args  extra CMake arguments, one string ("-DCONFLUX_WITH_CUDA=OFF -DX=Y"), after
@@ -51,6 +52,32 @@ def version():
     return m.group(1)
 
 
+REQUIREMENTS = os.path.join(ROOT, "tools", "python-requirements.txt")
+_RUNTIME_TAG = re.compile(r"#\s*runtime(?::\s*(?P<extra>[A-Za-z0-9_-]+))?\s*(?P<spec>[<>=!~][^#]*)?$")
+
+
+def runtime_requirements(path=REQUIREMENTS):
+    """{extra or None: [requirement, ...]} from the pinned list's lines tagged "# runtime" (a
+    dependency of the package) or "# runtime: EXTRA" (of that extra), each followed by the range
+    the package accepts (the pin is the version tested; the wheel must not force it on a user's
+    environment). A tagged line without a range is an error: the range is the package's promise."""
+    deps = {}
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            code, sep, comment = line.partition("#")
+            if not sep or not code.strip():
+                continue
+            m = _RUNTIME_TAG.match("#" + comment.strip())
+            if not m:
+                continue
+            name = re.split(r"[=<>!~\[ ]", code.strip(), maxsplit=1)[0]
+            if not m.group("spec"):
+                raise RuntimeError("%s:%d: '# runtime' on %s needs the range the package accepts, "
+                                   "e.g. '# runtime >=1.24'" % (path, lineno, name))
+            deps.setdefault(m.group("extra"), []).append(name + m.group("spec").strip().replace(" ", ""))
+    return deps
+
+
 def _metadata():
     p = _project()["project"]
     lines = ["Metadata-Version: 2.1", "Name: " + p["name"], "Version: " + version(),
@@ -59,10 +86,11 @@ def _metadata():
         lines.append("Requires-Python: " + p["requires-python"])
     if "text" in p.get("license", {}):
         lines.append("License: " + p["license"]["text"])
-    lines += ["Requires-Dist: " + d for d in p.get("dependencies", [])]
-    for extra, deps in p.get("optional-dependencies", {}).items():
+    deps = runtime_requirements()
+    lines += ["Requires-Dist: " + d for d in deps.pop(None, [])]
+    for extra, reqs in sorted(deps.items()):
         lines.append("Provides-Extra: " + extra)
-        lines += ['Requires-Dist: %s; extra == "%s"' % (d, extra) for d in deps]
+        lines += ['Requires-Dist: %s; extra == "%s"' % (d, extra) for d in reqs]
     text = "\n".join(lines) + "\n"
     if "readme" in p:
         with open(os.path.join(ROOT, p["readme"]), encoding="utf-8") as f:

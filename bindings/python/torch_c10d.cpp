@@ -466,6 +466,16 @@ public:
     uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
     void setTimeout(std::chrono::milliseconds timeout) override { options_->timeout = timeout; }
 
+    /* DDP's Reducer asks the backend for its buckets' memory (torch 2.15's does, unless
+     * DDP_DISABLE_COMM_MEM=1): buckets in shared tensor memory take the engine's direct path. */
+    bool supportsTensorAlloc(c10::DeviceIndex) override { return true; }
+    at::Tensor allocateTensor(long size, at::TensorOptions options) override
+    {
+        if (options.device().type() != c10::DeviceType::CPU)
+            return at::empty({size}, options);
+        return shared_empty({size}, options);
+    }
+
     /* dist.split_group: torch calls it on every rank of the parent with the ranks of this rank's
      * group (parent ranks); members meet through the group's store, others get nullptr. */
     c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store> &store,

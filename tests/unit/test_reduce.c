@@ -537,9 +537,10 @@ static uint64_t ref_scale_one(uint64_t raw, cfx_dtype dt, double f)
     unsigned char tmp[8];
     put_raw(tmp, 0, dt, raw);
     double x = get_real(tmp, 0, dt);
-    /* float32 and the half formats scale by the factor rounded to float32; the double product of
-     * the two is exact, so one rounding (two for halves, as the kernels do) remains. */
-    double r = dt == CFX_FLOAT64 ? x * f : x * (double)(float)f;
+    /* float32 scales in double by the double factor (one rounding, to float32, in put_real); the
+     * half formats by the factor rounded to float32: the double product of the two is exact, so
+     * two roundings remain, as the kernels do. */
+    double r = dt == CFX_FLOAT64 || dt == CFX_FLOAT32 ? x * f : x * (double)(float)f;
     put_real(tmp, 0, dt, r);
     return get_raw(tmp, 0, dt);
 }

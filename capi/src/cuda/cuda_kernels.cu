@@ -114,7 +114,7 @@ struct scale_bf16 {
 };
 struct scale_f32 {
     typedef float T;
-    __device__ static T apply(T x, float fs, double) { return __fmul_rn(x, fs); }
+    __device__ static T apply(T x, float, double f) { return __double2float_rn(__dmul_rn(x, f)); }
 };
 struct scale_f64 {
     typedef double T;

@@ -332,8 +332,10 @@ static inline int64_t i64_scale(int64_t x, double f)
     return v >= 0x1p63 ? INT64_MAX : r;
 }
 
-/* float32 is scaled in float32 by the factor rounded to float, like float16/bfloat16. */
-static inline float f32_scale(float x, double f) { return x * (float)f; }
+/* float32 is scaled in double by the double factor and rounded once: an average over 3 ranks is
+ * the correctly rounded sum / 3 (the factor rounded to float first, 1/3f, is off by an ulp in a
+ * third of the cases). float16/bfloat16 are scaled in float32 by the factor rounded to float. */
+static inline float f32_scale(float x, double f) { return (float)((double)x * f); }
 static inline double f64_scale(double x, double f) { return x * f; }
 static inline uint8_t bool_scale(uint8_t x, double f) { return (uint8_t)(x != 0 && f != 0.0); }
 

@@ -10,6 +10,8 @@
  *   even (NaN stays NaN, overflow gives infinity).
  * - Integers: sum/product wrap modulo 2^bits (unsigned arithmetic, no UB); scaling multiplies in
  *   double and truncates toward zero, saturating at the type's limits.
+ * - float32 and float64 are scaled in double and rounded once (an average is the correctly rounded
+ *   sum / size).
  * - bool (one byte, any non-zero reads as 1, results are 0 or 1): sum and max = or; min and
  *   product = and; scaling by a factor f gives (x != 0 && f != 0).
  * - min/max on floats: a NaN in either operand gives NaN.

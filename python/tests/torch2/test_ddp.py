@@ -107,6 +107,26 @@ def test_ddp_gradient_as_bucket_view_small_buckets(rank, size):
     assert g is not None and g._base is not None, "the gradient is not a view into a bucket"
 
 
+def in_shared_memory(t):
+    from conflux import _capi
+    return bool(_capi.cfx_is_shared(t.data_ptr(), t.numel() * t.element_size()))
+
+
+def test_ddp_buckets_lie_in_shared_memory(rank, size, monkeypatch):
+    """DDP's Reducer asks the backend for its buckets' memory (Backend::allocateTensor): on
+    "conflux" they lie in shared tensor memory with no hook, so DDP's allreduces take the engine's
+    direct path; DDP_DISABLE_COMM_MEM=1 (torch's switch) gives ordinary buckets. The gradients,
+    views of the buckets here, show where the buckets are."""
+    for disable, want in (("0", True), ("1", False)):
+        monkeypatch.setenv("DDP_DISABLE_COMM_MEM", disable)
+        model = ddp_model(rank, gradient_as_bucket_view=True, bucket_cap_mb=0.0002)
+        train_and_check(model, rank, size, 2, EXACT,
+                        "DDP with DDP_DISABLE_COMM_MEM=%s" % disable)
+        where = {n: in_shared_memory(p.grad) for n, p in model.module.named_parameters()}
+        assert all(v == want for v in where.values()), \
+            "DDP_DISABLE_COMM_MEM=%s: buckets in shared memory: %s" % (disable, where)
+
+
 @pytest.mark.parametrize("hook,tolerance", [
     ("fp16_compress_hook", FP16), ("bf16_compress_hook", BF16)])
 def test_ddp_torch_compress_hooks(hook, tolerance, rank, size):
