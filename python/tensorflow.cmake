@@ -93,6 +93,15 @@ if(BUILD_TESTING)
       set_property(TEST python_tensorflow_np${_np} APPEND PROPERTY LABELS "python;tensorflow")
     endforeach()
   endif()
+  # Elastic Keras under cfxrun --elastic (Gloo: an MPI world cannot shrink): a rank is lost and
+  # the survivors finish with the fixed-world reference's weights.
+  if(CONFLUX_WITH_GLOO_ENABLED)
+    add_test(NAME python_tensorflow_elastic
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/tests/tensorflow_scripts/check_elastic_keras.py)
+    set_tests_properties(python_tensorflow_elastic PROPERTIES LABELS "python;tensorflow;elastic"
+                         TIMEOUT 300 PROCESSORS 2 SKIP_RETURN_CODE 77
+                         ENVIRONMENT "${_cfx_tf_env}")
+  endif()
   add_test(NAME python_tensorflow_cfxrun_np2
            COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/cfxrun -np 2 --transport gloo --timeout 170
                    ${_cfx_pytest} -rs ${_cfx_tf_tests})

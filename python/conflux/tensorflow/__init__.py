@@ -27,6 +27,7 @@ from conflux.horovod.common.util import (  # noqa: F401
     ccl_built, cuda_built, ddl_built, gloo_built, mpi_built, nccl_built, rocm_built)
 
 from . import _ops
+from . import elastic  # noqa: F401  (hvd.elastic)
 from ._ops import UNAVAILABLE, local_rank_op, local_size_op, rank_op, size_op  # noqa: F401
 from .compression import Compression, Compressor, FP16Compressor, NoneCompressor  # noqa: F401
 from .functions import allgather_object, broadcast_object, broadcast_variables  # noqa: F401
