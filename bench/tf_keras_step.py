@@ -2,17 +2,21 @@
 """A Keras 3 ResNet-50 training step on synthetic data: conflux.keras vs tf.distribute's
 MultiWorkerMirroredStrategy (RING), and the communication each adds to the single-process step.
 
-Every row is `model.fit` of keras.applications.ResNet50 (weights=None, 1000 classes, 25.6 M
-parameters: the ResNet-50 gradient set) with SGD(momentum=0.9) on one fixed synthetic batch per
-rank (--batch images of --image x --image pixels), each step timed by a callback from
-on_train_batch_begin to on_train_batch_end (the step's loss read back):
+Every row is Keras's train step of keras.applications.ResNet50 (weights=None, 1000 classes,
+25.6 M parameters: the ResNet-50 gradient set) as one tf.function (forward, loss, GradientTape,
+SGD(momentum=0.9).apply_gradients) on one fixed synthetic batch per rank (--batch images of
+--image x --image pixels), each step timed until its loss is read back. (model.fit is not used:
+Keras 3's fit does not take MultiWorkerMirroredStrategy's distributed batches, "unsupported type
+PerReplica", so MWMS runs its documented custom-loop form, strategy.run, and every row the same
+step for a like-for-like comparison.)
   local        the same model and batch in each worker without any communication (every worker
                runs it at the same time, so it sees the same load as the distributed rows)
-  conflux      conflux.keras.DistributedOptimizer (one grouped allreduce of the gradients a step,
-               the TF op library's kernels), under mpirun -np N
-  mwms_ring    the model built and fit under MultiWorkerMirroredStrategy with
-               CommunicationImplementation.RING (gRPC over loopback), N workers started by this
-               script with TF_CONFIG, the same per-replica batch
+  conflux      the optimizer wrapped in conflux.keras.DistributedOptimizer (one grouped allreduce of
+               the gradients a step, the TF op library's kernels), under mpirun -np N
+  mwms_ring    the model and optimizer built under MultiWorkerMirroredStrategy with
+               CommunicationImplementation.RING (gRPC over loopback) and the step run by
+               strategy.run (the Keras optimizer all-reduces the gradients), N workers started by
+               this script with TF_CONFIG, the same per-replica batch
 The conflux workers alternate rounds of local and conflux steps (--steps each, the first round
 dropped as warm-up); the MWMS workers do the same with their own local model (built outside the
 strategy's scope) and the strategy's. Communication = step - local, each from its own workers;
@@ -36,28 +40,6 @@ sys.path.insert(0, HERE)
 from tf_allreduce import launch_conflux, launch_mwms, mwms_ring  # noqa: E402  (shared)
 
 
-class StepTimer:
-    """A keras callback recording each step's wall time (the loss read back ends it)."""
-
-    def __init__(self, keras):
-        class _CB(keras.callbacks.Callback):
-            def __init__(cb):
-                super().__init__()
-                cb.times = []
-
-            def on_train_batch_begin(cb, batch, logs=None):
-                cb.t0 = time.perf_counter()
-
-            def on_train_batch_end(cb, batch, logs=None):
-                float(logs["loss"])
-                cb.times.append(time.perf_counter() - cb.t0)
-        self.cb = _CB()
-
-    @property
-    def times(self):
-        return self.cb.times
-
-
 def make_model(keras, args, seed=1):
     keras.utils.set_random_seed(seed)
     return keras.applications.ResNet50(weights=None, input_shape=(args.image, args.image, 3),
@@ -71,24 +53,34 @@ def data(np, args, rank, batch):
     return x, y
 
 
-def runner(keras, model, dataset):
-    """(fit(steps), its StepTimer): `steps` steps of model.fit on the dataset, each timed."""
-    timer = StepTimer(keras)
-    return (lambda steps: model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0,
-                                    callbacks=[timer.cb])), timer
+def train_step(tf, keras, model, opt, scale=1.0):
+    """Keras's train step as a tf.function: forward, the loss (times `scale`), its gradients,
+    opt.apply_gradients (which reduces them: conflux's DistributedOptimizer, or the Keras
+    optimizer's own all-reduce inside a strategy's replica context)."""
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                y, model(x, training=True))) * scale
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                model.trainable_variables))
+        return loss
+    return step
 
 
 def rounds(args, runs, barrier=None):
-    """runs: {row: (fit(steps), timer)}; interleaved rounds, the first dropped."""
+    """runs: {row: step()}; interleaved rounds of args.steps timed steps per row (each ends with
+    its loss read back), the first round dropped (tracing, the optimizer's variables)."""
+    times = {row: [] for row in runs}
     for k in range(args.rounds + 1):
-        for row, (fit, timer) in runs.items():
+        for row, step in runs.items():
             if barrier is not None:
                 barrier()
-            n0 = len(timer.times)
-            fit(args.steps)
-            if k == 0:  # warm-up: tracing, the optimizer's variables, first touches
-                del timer.times[n0:]
-    return {row: statistics.median(t.times) for row, (_, t) in runs.items()}
+            for _ in range(args.steps):
+                t0 = time.perf_counter()
+                step()
+                if k:
+                    times[row].append(time.perf_counter() - t0)
+    return {row: statistics.median(t) for row, t in times.items()}
 
 
 def worker_conflux(args):
@@ -97,17 +89,15 @@ def worker_conflux(args):
     import tensorflow as tf
     import conflux.keras as ck
     ck.init()
-    r, n = ck.rank(), ck.size()
-    x, y = data(np, args, r, args.batch)
-    ds = tf.data.Dataset.from_tensors((x, y)).repeat()
-
+    r = ck.rank()
+    x, y = (tf.constant(a) for a in data(np, args, r, args.batch))
     local = make_model(keras, args)
-    local.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
-                  loss="sparse_categorical_crossentropy")
+    local_step = tf.function(train_step(tf, keras, local, keras.optimizers.SGD(0.01, momentum=0.9)))
     dist = make_model(keras, args)
-    dist.compile(optimizer=ck.DistributedOptimizer(keras.optimizers.SGD(0.01, momentum=0.9)),
-                 loss="sparse_categorical_crossentropy")
-    res = rounds(args, {"local": runner(keras, local, ds), "conflux": runner(keras, dist, ds)},
+    dopt = ck.DistributedOptimizer(keras.optimizers.SGD(0.01, momentum=0.9))
+    dist_step = tf.function(train_step(tf, keras, dist, dopt))
+    res = rounds(args, {"local": lambda: float(local_step(x, y)),
+                        "conflux": lambda: float(dist_step(x, y))},
                  barrier=lambda: ck.barrier())
     w = dist.trainable_variables[-1].numpy()
     if not all(np.array_equal(w, o) for o in ck.allgather_object(w)):
@@ -122,22 +112,19 @@ def worker_mwms(args):
     import keras
     import tensorflow as tf
     strategy, r, n = mwms_ring(tf)
-    x, y = data(np, args, r, args.batch)
-    ds = tf.data.Dataset.from_tensors((x, y)).repeat()
-    # Each worker feeds its own batch: no auto-sharding; the global batch is n per-replica ones.
-    gopts = tf.data.Options()
-    gopts.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    gds = tf.data.Dataset.from_tensors((x, y)).unbatch().batch(args.batch * n).repeat()
-    gds = gds.with_options(gopts)
-
+    x, y = (tf.constant(a) for a in data(np, args, r, args.batch))
     local = make_model(keras, args)
-    local.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
-                  loss="sparse_categorical_crossentropy")
+    local_step = tf.function(train_step(tf, keras, local, keras.optimizers.SGD(0.01, momentum=0.9)))
     with strategy.scope():
         dist = make_model(keras, args)
-        dist.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
-                     loss="sparse_categorical_crossentropy")
-    res = rounds(args, {"local": runner(keras, local, ds), "mwms": runner(keras, dist, gds)})
+        dopt = keras.optimizers.SGD(0.01, momentum=0.9)
+    # Each worker's own batch; the loss of a replica scaled by 1/n, the optimizer's all-reduce
+    # (SUM) makes the mean over the global batch.
+    replica = train_step(tf, keras, dist, dopt, scale=1.0 / n)
+    dist_step = tf.function(lambda: strategy.reduce(
+        tf.distribute.ReduceOp.SUM, strategy.run(replica, args=(x, y)), axis=None))
+    res = rounds(args, {"local": lambda: float(local_step(x, y)),
+                        "mwms": lambda: float(dist_step())})
     print("RESULT " + json.dumps({"rank": r, "local.mwms": res["local"],
                                   "mwms_ring": res["mwms"]}), flush=True)
 
