@@ -95,13 +95,15 @@ if(BUILD_TESTING)
     endforeach()
   endif()
   # Horovod's TF2 examples (python/tests/tensorflow_scripts/horovod_examples) at 2 ranks, MPI.
+  # Two small trainings (about a minute on 2 idle cores): mpirun's limit above cfx_add_mpi_test's.
   if(CONFLUX_WITH_MPI_ENABLED)
-    cfx_add_mpi_test(python_tensorflow_horovod_examples_np2 2 ${Python3_EXECUTABLE}
-                     ${CMAKE_CURRENT_SOURCE_DIR}/tests/tensorflow_scripts/run_horovod_example.py
-                     synthetic mnist)
-    set_property(TEST python_tensorflow_horovod_examples_np2 APPEND PROPERTY ENVIRONMENT ${_cfx_tf_env})
-    set_property(TEST python_tensorflow_horovod_examples_np2 APPEND PROPERTY LABELS "python;tensorflow")
-    set_property(TEST python_tensorflow_horovod_examples_np2 PROPERTY SKIP_RETURN_CODE 77)
+    add_test(NAME python_tensorflow_horovod_examples_np2
+             COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --timeout 280 ${MPIEXEC_PREFLAGS}
+                     ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/tests/tensorflow_scripts/run_horovod_example.py
+                     synthetic mnist ${MPIEXEC_POSTFLAGS})
+    set_tests_properties(python_tensorflow_horovod_examples_np2 PROPERTIES LABELS "python;tensorflow"
+                         TIMEOUT 300 PROCESSORS 2 SKIP_RETURN_CODE 77
+                         ENVIRONMENT "${CFX_MPI_ENV};${_cfx_tf_env}")
   endif()
   # Elastic Keras under cfxrun --elastic (Gloo: an MPI world cannot shrink): a rank is lost and
   # the survivors finish with the fixed-world reference's weights.
