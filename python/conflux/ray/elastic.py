@@ -30,8 +30,8 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ._store import StoreServer
-from .runner import (Settings, WorkerError, _actor_died, _short, died_reason, driver_address,
-                     forwarded_env, transport_deadline)
+from ._common import (Settings, WorkerError, _actor_died, _short, died_reason, driver_address,
+                      forwarded_env, transport_deadline)
 from .worker import Worker
 
 logger = logging.getLogger(__name__)
