@@ -6,8 +6,8 @@ world a job forms); then requests, integers 32-bit big-endian: 'S' klen key vlen
 (1); 'C' klen key -> 1 byte (1 set, 0 not); 'G' klen key -> 1 byte (set or not), then vlen value
 when set. Keys are set once; a client waits by polling 'C'.
 
-`StoreServer` is what a launcher serves (conflux.spark's driver: ranks get CFX_RENDEZVOUS_ADDR and
-CFX_RENDEZVOUS_EXTERNAL=1); `on_set` and `on_close` let the launcher watch its own keys (a task's
+`StoreServer` is what a launcher serves from a Python driver (conflux.spark's and conflux.ray's:
+ranks get CFX_RENDEZVOUS_ADDR and CFX_RENDEZVOUS_EXTERNAL=1); `on_set` and `on_close` let the launcher watch its own keys (a task's
 start, failure and end) and the connections that set them (a task whose process died). `StoreClient`
 is the launcher's side in each task.
 """
@@ -67,6 +67,18 @@ class StoreServer:
     def get(self, key):
         with self._lock:
             return self.data.get(key.encode() if isinstance(key, str) else key)
+
+    def set(self, key, value):
+        """Sets a key from the serving side (a launcher's own marks: conflux.ray's elastic
+        driver writes gone/<id> here); str keys and values are encoded."""
+        with self._lock:
+            self.data[key if isinstance(key, bytes) else key.encode()] = \
+                value if isinstance(value, bytes) else str(value).encode()
+
+    def items(self):
+        """Every (key, value) set so far, as bytes (a snapshot)."""
+        with self._lock:
+            return list(self.data.items())
 
     def close(self):
         """Stops accepting and closes every connection (their threads then end)."""

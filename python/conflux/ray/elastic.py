@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, Optional
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from ._store import StoreServer
+from .._store_server import StoreServer
 from ._common import (Settings, WorkerError, _actor_died, _short, died_reason, driver_address,
                       forwarded_env, transport_deadline)
 from .worker import Worker
