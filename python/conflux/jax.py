@@ -115,11 +115,12 @@ def _name_attrs(name, label):
 
 
 # ---- vmap rules: elementwise across ranks, so the batch dimension stays where it is ----
-def _elementwise_batch(args, dims, *, target, attrs):
+def _elementwise_batch(args, dims, *, target, attrs, aliases):
     n = _batch_size(args, dims)
     args = [jnp.moveaxis(a, d, 0) if d is not None else jnp.broadcast_to(a, (n,) + a.shape)
             for a, d in zip(args, dims)]
-    outs = _jax_ffi.bind(target, args, [_aval(a) for a in args], attrs, _elementwise_batch)
+    outs = _jax_ffi.bind(target, args, [_aval(a) for a in args], attrs, _elementwise_batch,
+                         aliases)
     return outs, [0] * len(outs)
 
 
@@ -130,11 +131,21 @@ def _batch_size(args, dims):
     return 1
 
 
+def _in_place(n):
+    """Results in their inputs' buffers (XLA's input_output_aliases): inside jit a gradient is an
+    intermediate whose buffer XLA hands over, so the engine reduces it in place instead of
+    writing a fresh output that the kernel must first fault in page by page (ResNet-50's 102 MB
+    tree: bench/jax_allreduce.py). Where the input lives on (a jit argument not donated), XLA
+    copies it first. Eager calls drop the aliases (conflux/_jax_primitive.py)."""
+    return tuple((i, i) for i in range(n))
+
+
 # ---- allreduce / grouped allreduce ----
 def _allreduce_raw(xs, op, name, pre, post, compression, labels):
     attrs = (("op", int(op)), ("prescale", float(pre)), ("postscale", float(post)),
              ("compression", int(compression))) + _name_attrs(name, labels)
-    return _jax_ffi.bind("allreduce", xs, [_aval(x) for x in xs], attrs, _elementwise_batch)
+    return _jax_ffi.bind("allreduce", xs, [_aval(x) for x in xs], attrs, _elementwise_batch,
+                         _in_place(len(xs)))
 
 
 def _make_allreduce(op, name, pre, post, compression, labels):
@@ -196,7 +207,8 @@ def grouped_allreduce(tree, op=Average, name=None, prescale_factor=1.0, postscal
 # ---- broadcast ----
 def _broadcast_raw(x, root, name, label):
     attrs = (("root", int(root)),) + _name_attrs(name, label)
-    return _jax_ffi.bind("broadcast", [x], [_aval(x)], attrs, _elementwise_batch)[0]
+    return _jax_ffi.bind("broadcast", [x], [_aval(x)], attrs, _elementwise_batch,
+                         _in_place(1))[0]
 
 
 def broadcast(x, root_rank, name=None):
