@@ -65,6 +65,20 @@ def shutdown():
         _core.shutdown()
 
 
+class _Reformed:
+    """After a membership change (conflux.reform), JAX's compiled programs go: their collectives'
+    static shapes were traced at the old size() (an allgather's result is size() times dim 0, a
+    reducescatter's rows and a broadcast's gradient depend on rank() and size()). Every jitted
+    function traces again in the new world, once."""
+
+    def _world_reformed(self):
+        jax.clear_caches()
+
+
+_REFORMED = _Reformed()  # conflux._core holds its listeners weakly
+_core.on_reform(_REFORMED)
+
+
 def _at_exit():
     # Before conflux._core's own atexit frees the context (atexit runs in reverse order).
     _jax_ffi.set_context(0)
@@ -404,6 +418,10 @@ class JaxState(_elastic.ObjectState):
 
     def save(self):
         # JAX arrays are immutable: keeping the references is the copy (deepcopy for the rest).
+        # Waited for first: a step whose collective failed (dispatched asynchronously) raises
+        # here, inside run()'s loop, and the last good commit stays the one to restore.
+        jax.block_until_ready([getattr(self, attr) for attr in self._saved_state
+                               if _has_arrays(getattr(self, attr))])
         saved = {}
         for attr in self._saved_state:
             value = getattr(self, attr)
