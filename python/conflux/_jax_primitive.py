@@ -44,6 +44,8 @@ else:
 if _lib is not None:
     _lib.cfx_jax_set_context.argtypes = [ctypes.c_void_p]
     _lib.cfx_jax_set_context.restype = None
+    _lib.cfx_jax_set_subset.argtypes = [ctypes.c_int32, ctypes.c_void_p]
+    _lib.cfx_jax_set_subset.restype = None
     for _t in TARGETS:
         jax.ffi.register_ffi_target("conflux_" + _t,
                                     jax.ffi.pycapsule(getattr(_lib, "cfx_jax_" + _t)),
@@ -54,10 +56,18 @@ _pointed = [0]  # the address the handlers use now
 
 
 def set_context(address):
-    """Points the handlers at a cfx_context (its address as an int; 0 clears it)."""
+    """Points the handlers at a cfx_context (its address as an int; 0 clears it). The library
+    forgets every process set with the old context."""
     if _lib is not None:
         _lib.cfx_jax_set_context(ctypes.c_void_p(address or None))
         _pointed[0] = address or 0
+
+
+def set_subset(number, address):
+    """Maps process set `number` (> 0; the handlers' attribute "set") to its subset context's
+    address, or forgets it (address 0)."""
+    if _lib is not None:
+        _lib.cfx_jax_set_subset(number, ctypes.c_void_p(address or None))
 
 
 def follow_context():
