@@ -15,7 +15,10 @@ averages gradients.
 Every collective carries one ordered effect: calls run in program order, inside a jitted function
 and across calls, so unnamed collectives pair up across ranks as they do in the NumPy API. Static
 shapes inside jit: allgather wants the same dim 0 on every rank and alltoall equal splits there;
-outside jit both take ragged inputs (through conflux's NumPy path). CPU arrays only. docs/jax.md.
+outside jit both take ragged inputs (through conflux's NumPy path). Inside jit allreduce,
+grouped_allreduce and broadcast put their results in their inputs' buffers (a gradient is reduced
+in place; XLA copies an input that lives on). ProcessSet(ranks) runs the same collectives over
+some of the job's ranks. CPU arrays only. docs/jax.md.
 """
 import numpy as _np
 
