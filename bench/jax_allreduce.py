@@ -5,7 +5,8 @@ as a JAX pytree inside jax.jit, and of a lone 4-byte array inside jit: conflux.j
 over one CPU device per process), all in the same processes. Prints medians and ratios (conflux's
 time / the other's: below 1 is faster). A benchmark, never a test.
 
-    mpirun -np 2 --oversubscribe --bind-to none .venv/bin/python bench/jax_allreduce.py [--raw out.csv]
+    mpirun -np 2 --oversubscribe --bind-to none .venv/bin/python bench/jax_allreduce.py
+    (options: --reps 25, --raw out.csv; docs/jax.md gives the environment it ran with)
 
 Two ways the tree reaches the jitted allreduce, each timed for every method:
   grads  the tree is donated (jax.jit(..., donate_argnums=0)), as gradients computed inside a
@@ -43,7 +44,8 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workloads", default=os.path.join(here, "workloads"))
-    ap.add_argument("--reps", type=int, default=15, help="timed calls of the ResNet-50 tree, each way")
+    ap.add_argument("--reps", type=int, default=25,
+                    help="timed calls of the ResNet-50 tree, each way")
     ap.add_argument("--small-reps", type=int, default=300, help="timed calls of the 4-byte array")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--ways", default="grads,arg", help="grads, arg or both (comma-separated)")
@@ -167,7 +169,8 @@ def main():
     tables = {}
     for way in ways:
         donate = way == "grads"
-        make = (lambda: fresh_copy(tree)) if donate else (lambda: tree)
+        # The copy is waited for: before the barrier, never inside the timed call.
+        make = (lambda: jax.block_until_ready(fresh_copy(tree))) if donate else (lambda: tree)
         fns = {m: (f, make) for m, f in tree_methods(donate).items()}
         if mpi4jax is not None:
             f = lambda t: jax.tree_util.tree_map(lambda x: mpi4jax.allreduce(x, op=MPI.SUM), t)
@@ -176,7 +179,8 @@ def main():
             psum, global_array = gloo
             g = jax.jit(psum, donate_argnums=0) if donate else jax.jit(psum)
             if donate:
-                gmake = lambda: jax.tree_util.tree_map(global_array, fresh_copy(tree))
+                gmake = lambda: jax.block_until_ready(
+                    jax.tree_util.tree_map(global_array, make()))
             else:
                 gtree = jax.tree_util.tree_map(global_array, tree)
                 gmake = lambda: gtree

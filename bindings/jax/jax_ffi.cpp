@@ -2,9 +2,10 @@
 // Conflux's collectives, straight into the C ABI on the job's context. Owns: the handlers
 // (cfx_jax_allreduce, _allgather, _broadcast, _alltoall, _reducescatter, _barrier), the mapping of
 // XLA's element types onto cfx_dtype, the one pointer to the context they use, set by
-// cfx_jax_set_context() from conflux.jax's init(), and the process sets' contexts by number
-// (cfx_jax_set_subset, from conflux.jax.ProcessSet) (conflux/_jax_primitive.py loads this library with
-// ctypes and registers the handlers with jax.ffi). Called by XLA's CPU runtime on its threads.
+// cfx_jax_set_context() from conflux.jax's init(), and the process sets' contexts by number, set
+// by cfx_jax_set_subset() from conflux.jax.ProcessSet. conflux/_jax_primitive.py loads this
+// library with ctypes and registers the handlers with jax.ffi. Called by XLA's CPU runtime on its
+// threads.
 //
 // Every handler takes an ordered-effect token first and returns one first: conflux.jax threads
 // JAX's ordered effect through them so they run in program order, the same order on every rank,

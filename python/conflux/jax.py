@@ -282,7 +282,6 @@ def _broadcast(grp, x, root_rank, name):
     root = _check_root(grp, root_rank)
     x = _check(x, "broadcast", name)
     label = _label(x, name)
-    me = grp.rank()
 
     @jax.custom_vjp
     def f(v):
@@ -293,7 +292,7 @@ def _broadcast(grp, x, root_rank, name):
 
     def bwd(_, ct):
         s = _allreduce_raw([ct], Sum, None, 1.0, 1.0, 0, label + " (gradient)", grp)[0]
-        return (jnp.where(me == root, s, jnp.zeros_like(s)),)
+        return (jnp.where(grp.rank() == root, s, jnp.zeros_like(s)),)
 
     f.defvjp(fwd, bwd)
     return f(x)
@@ -477,7 +476,10 @@ class ProcessSet(_process_sets.ProcessSet):
         }
 
     def free(self):
-        """Ends the set on this rank (every rank calls it). Idempotent."""
+        """Ends the set on this rank (every rank calls it), once the JAX collectives in flight
+        finished. Idempotent."""
+        if self.included():
+            jax.effects_barrier()
         _jax_ffi.set_subset(self._number, 0)
         super().free()
 

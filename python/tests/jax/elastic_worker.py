@@ -9,7 +9,8 @@ over the same batches.
 
 ELASTIC_KILL="host:epoch:batch": the worker on that host kills itself (SIGKILL) there, in the
 first world. ELASTIC_OUT: each worker that ends writes OUT.<member id>.json with its final
-parameters and optimizer state's arrays (as float64 lists), the world sizes it saw after each reset, its rank and size."""
+parameters and optimizer state's arrays (as float64 lists), the world sizes it saw after each
+reset, its rank and size."""
 import json
 import os
 import signal
