@@ -31,6 +31,8 @@ install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs/ DESTINATION ${CMAKE_INSTALL_DOCDIR
 set(_cfx_tools_dest ${CMAKE_INSTALL_DATADIR}/conflux/tools)
 install(PROGRAMS ${PROJECT_SOURCE_DIR}/tools/cfxrun ${PROJECT_SOURCE_DIR}/tools/cfx-timeline
         DESTINATION ${_cfx_tools_dest} COMPONENT tools)
+# The store cfxrun serves, beside it (the cfx-store tool it starts goes to <bindir>: tools/).
+install(FILES ${PROJECT_SOURCE_DIR}/tools/cfx_store.py DESTINATION ${_cfx_tools_dest} COMPONENT tools)
 if(EXISTS ${PROJECT_SOURCE_DIR}/tools/cfx_timeline)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/tools/cfx_timeline DESTINATION ${_cfx_tools_dest} COMPONENT tools
           FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE)

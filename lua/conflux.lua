@@ -260,7 +260,7 @@ function M.local_size() return int(core.cfx_local_size(context(2))) end
 function M.cross_rank() return int(core.cfx_cross_rank(context(2))) end
 function M.cross_size() return int(core.cfx_cross_size(context(2))) end
 
---- "1.3.0"
+--- "1.4.0"
 function M.version() return core.cfx_version_string() end
 --- MAJOR * 10000 + MINOR * 100 + PATCH
 function M.version_number() return int(core.cfx_version()) end

@@ -16,7 +16,7 @@ command it ran). A host that goes silent (its link down) is found by the survivo
 deadline (CFX_TRANSPORT_TIMEOUT_S) and left out by the next membership round; once the job has
 finished, the driver stops the workers that are not members of its final world.
 
-The store is a TCP store served by this process (tools/cfxrun's, the protocol of
+The store is the engine's TCP store served for this process (tools/cfx_store.py, the protocol of
 capi/src/rendezvous/store_tcp.c), not a file store: hosts share no file system that all clusters
 have, and a host whose link is down must lose the store as it loses its peers (a file store on a
 shared /tmp would let it go on voting in the rounds). The driver reads the rounds' decisions from
@@ -172,7 +172,10 @@ def how_it_ended(rc):
 class Driver:
     def __init__(self, opts):
         self.opts = opts
-        self.store = cfxrun.RendezvousStore(int(os.environ.get("CFX_RENDEZVOUS_PORT", "0") or 0))
+        try:
+            self.store = cfxrun.RendezvousStore(int(os.environ.get("CFX_RENDEZVOUS_PORT", "0") or 0))
+        except cfxrun.cfx_store.StoreError as e:
+            fail(str(e))
         self.store_addr = "%s:%d" % (store_host(list(opts["hosts"] or {}), opts["discovery"],
                                                 os.environ), self.store.port)
         self.workers = {}      # id -> (Popen, host, local rank)
@@ -257,19 +260,18 @@ class Driver:
 
     def mark_gone(self, wid):
         """Tells the membership rounds that `wid` is gone (engine/membership.h: gone/<id>)."""
-        with self.store.lock:
-            self.store.data[b"elastic/gone/%d" % wid] = b"1"
+        self.store.set("elastic/gone/%d" % wid, "1")
 
     def decisions(self):
-        """The rounds' decisions in the store: (round, text) by round."""
-        with self.store.lock:
-            found = [(k, v) for k, v in self.store.data.items() if k.endswith(b"/decision")]
+        """The rounds' decisions in the store: (round, text) by round. Rounds are decided in order
+        (round N + 1 opens only on round N's decision), so they are read from round 1 on until one
+        has none."""
         rounds = []
-        for key, value in found:
-            m = re.fullmatch(rb"elastic/r(\d+)/decision", key)
-            if m:
-                rounds.append((int(m.group(1)), value.decode("utf-8", "replace")))
-        return sorted(rounds)
+        while True:
+            value = self.store.get("elastic/r%d/decision" % (len(rounds) + 1))
+            if value is None:
+                return rounds
+            rounds.append((len(rounds) + 1, value.decode("utf-8", "replace")))
 
     def final_world(self):
         """The member ids of the newest world the rounds formed (the first world before any)."""

@@ -311,8 +311,14 @@ def cross_size():
     return _topology(_capi.cfx_cross_size)
 
 
+def transport_name():
+    """The transport the live context runs over, by the engine's name for it ("mpi", "gloo",
+    "local", ...): the bindings ask the engine rather than reading CFX_TRANSPORT."""
+    return _topology(_capi.cfx_transport_name)
+
+
 def version():
-    """The library's version string, e.g. "1.3.0"."""
+    """The library's version string, e.g. "1.4.0"."""
     return _capi.cfx_version_string()
 
 

@@ -58,12 +58,10 @@ class ConfluxEnvironment(ClusterEnvironment):
 
     @staticmethod
     def detect():
-        """Whether the engine has joined a job of more than one rank, or the environment names a
-        Conflux job (CFX_RANK and CFX_SIZE); Lightning consults only its own environments, so pass
-        this one in `plugins`."""
-        if _core.is_initialized():
-            return _core.size() > 1
-        return "CFX_RANK" in os.environ and int(os.environ.get("CFX_SIZE", "1")) > 1
+        """Whether the engine has joined a job of more than one rank (it says so once
+        conflux.init() ran: the bindings read no CFX_* variable themselves); Lightning consults
+        only its own environments, so pass this one in `plugins`."""
+        return _core.is_initialized() and _core.size() > 1
 
     def world_size(self):
         return _core.size()

@@ -6,15 +6,20 @@ folders on lower layers only, and no two modules (a .c and its .h are one module
 other, directly or through others. Every quoted include names a path from capi/src (or the public
 "conflux/conflux.h").
 
-Two rules keep the engine's seams (docs/architecture.md "Writing a transport", "The configuration
+Four rules keep the engine's seams (docs/architecture.md "Writing a transport", "The configuration
 path"): no code outside transport/ compares a transport's name (what a transport can do is its
-capabilities, cx_transport_caps), and no code outside base/ reads the environment (every CFX_*
-variable goes through base/config.c and base/test_hooks.c). Comments are not code: they may name
-either.
+capabilities, cx_transport_caps, and its registry entry); no code outside base/ reads the
+environment (every CFX_* variable goes through base/config.c and base/test_hooks.c); no code above
+base/ calls a base/ reader of the environment with a NULL lookup (which means "getenv, here and
+now": the environment is read once per init into cx_config and handed down, and an entry point
+that reads it outside init names the lookup it uses); and no binding (bindings/, python/conflux,
+java/src/main, lua/*.lua, beside SRC_DIR's ../..) reads a CFX_* variable itself: it asks the engine
+(cfx_features, cfx_transport_name). Comments are not code: they may name any of these.
 
     check-layers.py [SRC_DIR]      exit 0 when the tree keeps the rules, 1 with one line per breach
     check-layers.py --self-test    proves the check fails on an upward include, a cycle, a
-                                   transport name compared and a getenv outside base/
+                                   transport name compared, a getenv outside base/, a base/ reader
+                                   called with NULL above base/ and a CFX_ variable read in a binding
 """
 import os
 import shutil
@@ -42,12 +47,82 @@ GETENV = re.compile(r"\b(?:secure_)?getenv\s*\(")
 NAME_COMPARED = re.compile(r"\bstr(?:n?case)?n?cmp\s*\([^;]*?\bops\s*->\s*name\b"
                            r"|\bops\s*->\s*name\s*[=!]="
                            r"|[=!]=\s*[\w.>-]*\bops\s*->\s*name\b")
-SOURCES = (".c", ".h", ".cu")
+SOURCES = (".c", ".h", ".cu", ".cpp")
+# A base/ header's function that takes a lookup of the environment: "name(... cx_*_lookup ...".
+READER_DECL = re.compile(r"\b(cx_\w+)\s*\(([^;{)]*\bcx_\w*lookup\b[^;{)]*)\)\s*;")
+# A CFX_* variable read by a binding: getenv / os.getenv / System.getenv / os.environ[.get] with
+# a literal CFX_ name, or a CFX_ name tested `in os.environ`.
+BINDING_ENV = re.compile(r"""(?:getenv|environ(?:\.get)?)\s*[(\[]\s*[rbf]?["']CFX_\w*"""
+                         r"""|["']CFX_\w*["']\s+(?:not\s+)?in\s+(?:os\.)?environ""")
+BINDING_DIRS = ("bindings", "python/conflux", "java/src/main")
+BINDING_SOURCES = (".c", ".h", ".cpp", ".i", ".py", ".java", ".lua")
+PY_COMMENT = re.compile(r"#[^\n]*|--[^\n]*")
+
+
+def base_readers(src):
+    """{function: index of its lookup argument} for base/ headers' readers of the environment."""
+    readers = {}
+    base = os.path.join(src, "base")
+    for name in sorted(os.listdir(base)) if os.path.isdir(base) else ():
+        if not name.endswith(".h"):
+            continue
+        with open(os.path.join(base, name), encoding="utf-8") as f:
+            code = COMMENT.sub(" ", f.read())
+        for m in READER_DECL.finditer(code):
+            params = [p.strip() for p in m.group(2).split(",")]
+            for i, p in enumerate(params):
+                if re.search(r"\bcx_\w*lookup\b", p):
+                    readers[m.group(1)] = i
+    return readers
+
+
+def call_args(code, start):
+    """The top-level arguments of the call whose "(" is at code[start]."""
+    depth, args, cur = 0, [], ""
+    for ch in code[start:]:
+        if ch == "(":
+            depth += 1
+            if depth == 1:
+                continue
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                args.append(cur.strip())
+                return args
+        elif ch == "," and depth == 1:
+            args.append(cur.strip())
+            cur = ""
+            continue
+        cur += ch
+    return args
+
+
+def check_bindings(root):
+    """One line per CFX_* variable a binding reads itself."""
+    problems = []
+    paths = []
+    for d in BINDING_DIRS:
+        for dirpath, _, files in os.walk(os.path.join(root, d)):
+            paths += [os.path.join(dirpath, f) for f in sorted(files) if f.endswith(BINDING_SOURCES)]
+    lua = os.path.join(root, "lua")
+    if os.path.isdir(lua):
+        paths += [os.path.join(lua, f) for f in sorted(os.listdir(lua)) if f.endswith(".lua")]
+    for path in paths:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        code = (PY_COMMENT if path.endswith((".py", ".lua")) else COMMENT).sub(" ", text)
+        for m in BINDING_ENV.finditer(code):
+            line = code.count("\n", 0, m.start()) + 1
+            problems.append(f"{os.path.relpath(path, root)}:{line}: a binding reads a CFX_ "
+                            "variable itself: ask the engine (cfx_features, cfx_transport_name)")
+    return problems
 
 
 def check(src):
     problems = []
     graph = {}  # module -> modules it includes
+    readers = base_readers(src)
+    reader_call = re.compile(r"\b(" + "|".join(map(re.escape, readers)) + r")\s*\(") if readers else None
     for dirpath, _, files in os.walk(src):
         for name in sorted(files):
             if not name.endswith(SOURCES):
@@ -67,6 +142,15 @@ def check(src):
                 for m in GETENV.finditer(code):
                     problems.append(f"{path}:{line_of(m)}: reads the environment (getenv) outside "
                                     "base/: read the variable in base/config.c or base/test_hooks.c")
+            if folder != "base" and reader_call:
+                for m in reader_call.finditer(code):
+                    args = call_args(code, m.end() - 1)
+                    at = readers[m.group(1)]
+                    if at < len(args) and args[at] in ("NULL", "0", "nullptr"):
+                        problems.append(f"{path}:{line_of(m)}: calls the base/ reader "
+                                        f"{m.group(1)} with a NULL lookup (the environment, here "
+                                        "and now): take the value from cx_config, read once per "
+                                        "init")
             if folder != "transport":
                 for m in NAME_COMPARED.finditer(code):
                     problems.append(f"{path}:{line_of(m)}: compares a transport's name: ask its "
@@ -144,16 +228,50 @@ def self_test():
                   "exec/y.h": ""})
     sideways = tree({"observe/t.c": '#include "kernels/r.h"\n', "kernels/r.h": ""})
     stray = tree({"loose.c": ""})
+    reader_decl = ("typedef const char *(*cx_launch_lookup)(const char *, void *);\n"
+                   "cfx_status cx_launch_timeouts(cx_launch_lookup lookup, void *user,\n"
+                   "                              double *rendezvous_s, double *transport_s);\n")
+    reader_ok = tree({"base/launch_env.h": reader_decl,
+                      "base/config.c": "st = cx_launch_timeouts(NULL, NULL, &r, &t);\n",
+                      "api/a.c": "st = cx_launch_timeouts(cx_config_environment, NULL, &r, &t);\n"})
+    reader_null = tree({"base/launch_env.h": reader_decl,
+                        "exec/shm_layer.c": "if ((st = cx_launch_timeouts(NULL, NULL, &r,\n"
+                                            "                             &t))) return st;\n"})
     cases = [(good, None), (upward, "is not below"), (cycle, "include cycle"),
              (sideways, "is not below"), (stray, "not in a layer folder"),
              (getenv, "reads the environment"), (named, "compares a transport's name"),
-             (named_eq, "compares a transport's name")]
+             (named_eq, "compares a transport's name"), (reader_ok, None),
+             (reader_null, "with a NULL lookup")]
     ok = True
     for src, expect in cases:
         got = check(src)
         shutil.rmtree(src)
         passed = (not got) if expect is None else any(expect in p for p in got)
         print(f"{'ok  ' if passed else 'FAIL'} {expect or 'clean tree'}: {got}")
+        ok &= passed
+    # The bindings: a tree whose root holds the binding folders.
+    binding_cases = [
+        ({"python/conflux/ok.py": "# os.environ.get('CFX_X') in a comment\nimport os\n"
+                                  "x = os.environ.get('PATH')\n",
+          "lua/conflux.lua": "-- os.getenv('CFX_X') in a comment\nlocal p = os.getenv('PATH')\n"},
+         None),
+        ({"python/conflux/horovod/m.py": "import os\ndef mpi_enabled():\n"
+                                         "    return os.environ.get(\"CFX_TRANSPORT\") != 'local'\n"},
+         "reads a CFX_ variable"),
+        ({"python/conflux/e.py": "import os\nelastic = 'CFX_ELASTIC' in os.environ\n"},
+         "reads a CFX_ variable"),
+        ({"bindings/python/x.cpp": 'const char *t = getenv("CFX_TRANSPORT");\n'},
+         "reads a CFX_ variable"),
+        ({"java/src/main/java/C.java": 'String t = System.getenv("CFX_TRANSPORT");\n'},
+         "reads a CFX_ variable"),
+        ({"lua/conflux.lua": 'local t = os.getenv("CFX_TRANSPORT")\n'}, "reads a CFX_ variable"),
+    ]
+    for files, expect in binding_cases:
+        root = tree(files)
+        got = check_bindings(root)
+        shutil.rmtree(root)
+        passed = (not got) if expect is None else any(expect in p for p in got)
+        print(f"{'ok  ' if passed else 'FAIL'} binding: {expect or 'clean bindings'}: {got}")
         ok &= passed
     return 0 if ok else 1
 
@@ -163,6 +281,7 @@ def main(argv):
         return self_test()
     src = argv[1] if len(argv) > 1 else os.path.join(os.path.dirname(__file__), "../../capi/src")
     problems = check(os.path.normpath(src))
+    problems += check_bindings(os.path.normpath(os.path.join(src, "..", "..")))
     for p in problems:
         print(p)
     print(f"check-layers: {len(problems)} problem(s) in {os.path.normpath(src)}")

@@ -210,7 +210,7 @@ static void test_init_with_store(void **state)
     cfx_status st = cfx_init_with_store(NULL, &cb, &ctx);
     if (!(cfx_features() & CFX_FEATURE_GLOO)) {
         assert_int_equal(st, CFX_ERR_UNSUPPORTED);
-        assert_non_null(strstr(cfx_last_error(), "no Gloo transport"));
+        assert_non_null(strstr(cfx_last_error(), "no gloo transport"));
         return;
     }
     if (st)

@@ -22,6 +22,7 @@
 #include "base/error.h"
 #include "engine/context.h"
 #include "support.h"
+#include "transport/registry.h"
 #include "transport/transport_local.h"
 
 /* CFX_* variables from a NULL-terminated list of "NAME=VALUE" strings. */
@@ -220,24 +221,94 @@ static void sizes_booleans_and_hooks_parsed(void **state)
     assert_true(cfg.test.fail.ranks == 1 && cfg.test.fail.phase == 1);
 }
 
-/* CFX_SHARED_POOL_BYTES is read before any context exists (cx_config_env_bytes). */
+/* CFX_SHARED_POOL_BYTES is read by cfx_alloc, which may come before any context
+ * (cx_config_env_bytes through the lookup the entry point gives), and once per init into the
+ * configuration (with the launch, the deadlines and the elastic defaults). */
 static void process_wide_bytes(void **state)
 {
     (void)state;
     int64_t v = 7;
     unsetenv("CFX_TEST_ENV_BYTES");
-    assert_int_equal(cx_config_env_bytes("CFX_TEST_ENV_BYTES", 4096, &v), CFX_OK);
+    assert_int_equal(cx_config_env_bytes(cx_config_environment, NULL, "CFX_TEST_ENV_BYTES", 4096,
+                                         &v), CFX_OK);
     assert_true(v == 7); /* unset: untouched */
     setenv("CFX_TEST_ENV_BYTES", "8K", 1);
-    assert_int_equal(cx_config_env_bytes("CFX_TEST_ENV_BYTES", 4096, &v), CFX_OK);
+    assert_int_equal(cx_config_env_bytes(cx_config_environment, NULL, "CFX_TEST_ENV_BYTES", 4096,
+                                         &v), CFX_OK);
     assert_true(v == 8192);
     setenv("CFX_TEST_ENV_BYTES", "100", 1);
-    assert_int_equal(cx_config_env_bytes("CFX_TEST_ENV_BYTES", 4096, &v), CFX_ERR_CONFIG);
+    assert_int_equal(cx_config_env_bytes(cx_config_environment, NULL, "CFX_TEST_ENV_BYTES", 4096,
+                                         &v), CFX_ERR_CONFIG);
     assert_non_null(strstr(cx_error_message(), "CFX_TEST_ENV_BYTES=\"100\""));
     setenv("CFX_TEST_ENV_BYTES", "1T", 1);
-    assert_int_equal(cx_config_env_bytes("CFX_TEST_ENV_BYTES", 4096, &v), CFX_ERR_CONFIG);
+    assert_int_equal(cx_config_env_bytes(cx_config_environment, NULL, "CFX_TEST_ENV_BYTES", 4096,
+                                         &v), CFX_ERR_CONFIG);
     assert_non_null(strstr(cx_error_message(), "CFX_TEST_ENV_BYTES"));
     unsetenv("CFX_TEST_ENV_BYTES");
+}
+
+/* The transport asked for, resolved by the registry: a name (any case) or a kind; the kind set
+ * in the options wins; an unknown one names the transports there are. */
+static void transport_asked(void **state)
+{
+    (void)state;
+    cx_config cfg;
+    const cx_transport_entry *e;
+    const char *gloo[] = {"CFX_TRANSPORT=Gloo", NULL}, *autov[] = {"CFX_TRANSPORT=auto", NULL};
+    const char *bogus[] = {"CFX_TRANSPORT=carrier-pigeon", NULL};
+    assert_int_equal(load(&cfg, NULL, gloo), CFX_OK);
+    assert_int_equal(cx_transport_asked(&cfg, &e), CFX_OK);
+    assert_non_null(e);
+    assert_int_equal(e->kind, CFX_TRANSPORT_GLOO);
+    assert_int_equal(load(&cfg, NULL, autov), CFX_OK);
+    assert_int_equal(cx_transport_asked(&cfg, &e), CFX_OK);
+    assert_null(e);
+    assert_int_equal(load(&cfg, NULL, bogus), CFX_OK);
+    assert_int_equal(cx_transport_asked(&cfg, &e), CFX_ERR_CONFIG);
+    assert_non_null(strstr(cx_error_message(), "expected auto, mpi, gloo or local"));
+    cfx_init_options o;
+    cfx_init_options_init(&o, CFX_INIT_OPTIONS_VERSION);
+    o.transport = CFX_TRANSPORT_LOCAL;
+    assert_int_equal(load(&cfg, &o, gloo), CFX_OK);
+    assert_int_equal(cx_transport_asked(&cfg, &e), CFX_OK);
+    assert_string_equal(e->name, "local");
+    o.transport = 77;
+    assert_int_equal(load(&cfg, &o, no_vars), CFX_OK);
+    assert_int_equal(cx_transport_asked(&cfg, &e), CFX_ERR_CONFIG);
+    assert_non_null(strstr(cx_error_message(), "options.transport 77"));
+    /* Every transport the registry builds is a feature; the local one always. */
+    assert_true(cx_transport_features() & CFX_FEATURE_LOCAL);
+    assert_true((cfx_features() & cx_transport_features()) == cx_transport_features());
+}
+
+/* What the layers above base/ get instead of reading the environment: read once, here. */
+static void read_once_per_init(void **state)
+{
+    (void)state;
+    cx_config cfg;
+    const char *vars[] = {"CFX_RANK=1", "CFX_SIZE=3", "CFX_RENDEZVOUS_DIR=/tmp/x",
+                          "CFX_TRANSPORT_TIMEOUT_S=7", "CFX_RENDEZVOUS_TIMEOUT_S=9",
+                          "CFX_ELASTIC_MIN_SIZE=2", "CFX_ELASTIC_SETTLE_S=0.5",
+                          "CFX_SHARED_POOL_BYTES=1M", "CFX_TRANSPORT=gloo", NULL};
+    assert_int_equal(load(&cfg, NULL, vars), CFX_OK);
+    const cx_launch *l;
+    assert_int_equal(cx_config_launch(&cfg, &l), CFX_OK);
+    assert_int_equal(l->rank, 1);
+    assert_int_equal(l->size, 3);
+    assert_string_equal(l->store_dir, "/tmp/x");
+    assert_true(cfg.transport_timeout_s == 7 && cfg.rendezvous_timeout_s == 9);
+    assert_true(cfg.elastic.min_size == 2 && cfg.elastic.settle_s == 0.5 &&
+                cfg.elastic.timeout_s == 60);
+    assert_true(cfg.shared_pool_bytes == 1 << 20);
+    assert_string_equal(cfg.transport_name, "gloo");
+    /* A launcher's malformed variable fails where the launch is needed, not the whole config. */
+    const char *bad_launch[] = {"CFX_RANK=x", "CFX_SIZE=2", NULL};
+    assert_int_equal(load(&cfg, NULL, bad_launch), CFX_OK);
+    assert_int_equal(cx_config_launch(&cfg, &l), CFX_ERR_CONFIG);
+    assert_non_null(strstr(cx_error_message(), "CFX_RANK"));
+    const char *bad_timeout[] = {"CFX_TRANSPORT_TIMEOUT_S=soon", NULL};
+    assert_int_equal(load(&cfg, NULL, bad_timeout), CFX_ERR_CONFIG);
+    assert_non_null(strstr(cx_error_message(), "CFX_TRANSPORT_TIMEOUT_S"));
 }
 
 /* ---- across thread ranks: what init agrees ---- */
@@ -313,6 +384,8 @@ int main(void)
         cmocka_unit_test(malformed_values_name_variable_and_value),
         cmocka_unit_test(sizes_booleans_and_hooks_parsed),
         cmocka_unit_test(process_wide_bytes),
+        cmocka_unit_test(read_once_per_init),
+        cmocka_unit_test(transport_asked),
         cmocka_unit_test(compression_everywhere_must_agree),
         cmocka_unit_test(bucket_bytes_from_rank_0),
     };

@@ -38,17 +38,17 @@ extern "C" {
 /* ---- Versions --------------------------------------------------------------------------------- */
 
 #define CFX_VERSION_MAJOR 1
-#define CFX_VERSION_MINOR 3
+#define CFX_VERSION_MINOR 4
 #define CFX_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH, written out (no expressions in public macros). The minor
- * version is that of the newest symbol-version node of capi/conflux.map (CONFLUX_1.3). */
-#define CFX_VERSION_NUMBER 10300
+ * version is that of the newest symbol-version node of capi/conflux.map (CONFLUX_1.4). */
+#define CFX_VERSION_NUMBER 10400
 /* The ABI major: the soname is libconflux.so.<CFX_ABI_VERSION>. */
 #define CFX_ABI_VERSION 1
 
 /* The library's CFX_VERSION_NUMBER (compare with the header's to detect a mismatched install). */
 CFX_API int cfx_version(void);
-/* "1.3.0"; static storage. */
+/* "1.4.0"; static storage. */
 CFX_API const char *cfx_version_string(void);
 
 /* Bits of cfx_features(). */
@@ -278,6 +278,12 @@ CFX_API int cfx_local_rank(const cfx_context *ctx);
 CFX_API int cfx_local_size(const cfx_context *ctx);
 CFX_API int cfx_cross_rank(const cfx_context *ctx);
 CFX_API int cfx_cross_size(const cfx_context *ctx);
+
+/* The transport the context runs over, by the name CFX_TRANSPORT gives it: "mpi", "gloo", "local",
+ * or another transport this build registers (cfx_features has its bit); since 1.4, so that a
+ * binding asks the engine rather than guessing from the environment. Static storage. NULL (and
+ * cfx_last_error) for a NULL context. */
+CFX_API const char *cfx_transport_name(const cfx_context *ctx);
 
 /* ---- Handles ---------------------------------------------------------------------------------- */
 

@@ -14,6 +14,7 @@
 #include "engine/context.h"
 #include "engine/subset.h"
 #include "engine/world.h"
+#include "transport/registry.h"
 #include "exec/shared_pool.h"
 #if defined(CFX_HAVE_CUDA) && CFX_HAVE_CUDA
 #include "cuda/cuda_kernels.h"
@@ -34,13 +35,7 @@ const char *cfx_version_string(void)
 
 uint32_t cfx_features(void)
 {
-    uint32_t f = CFX_FEATURE_LOCAL;
-#if CFX_HAVE_MPI
-    f |= CFX_FEATURE_MPI;
-#endif
-#if CFX_HAVE_GLOO
-    f |= CFX_FEATURE_GLOO;
-#endif
+    uint32_t f = cx_transport_features(); /* the transports this build has (transport/registry.h) */
 #if defined(CFX_HAVE_CUDA) && CFX_HAVE_CUDA
     f |= CFX_FEATURE_CUDA;
     if (cx_cuda_device_count() > 0)
@@ -75,8 +70,18 @@ cfx_status cfx_init_options_init(cfx_init_options *opts, uint32_t version)
     return CFX_OK;
 }
 
-static cfx_status init_over(const cfx_init_options *opts, const cfx_store_callbacks *store,
-                            cfx_context **out)
+/* A context over the world the configuration (read once, here) finds. */
+static cfx_status init_over(const cx_config *cfg, const cfx_store_callbacks *store, cfx_context **out)
+{
+    cx_transport *t;
+    cfx_status st = cx_world_create_transport(cfg, store, &t);
+    return st ? st : cx_context_create(t, cfg, out);
+}
+
+static cfx_status elastic_over(const cx_config *cfg, const cfx_reform_options *ropts,
+                               cfx_context **out);
+
+cfx_status cfx_init(const cfx_init_options *opts, cfx_context **out)
 {
     if (!out)
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_init: out is NULL");
@@ -85,21 +90,11 @@ static cfx_status init_over(const cfx_init_options *opts, const cfx_store_callba
     cfx_status st = cx_config_load(&cfg, opts);
     if (st)
         return st;
-    cx_transport *t;
-    if ((st = cx_world_create_transport(&cfg, store, &t)))
-        return st;
-    return cx_context_create(t, &cfg, out);
-}
-
-cfx_status cfx_init(const cfx_init_options *opts, cfx_context **out)
-{
     /* A worker of cfxrun --elastic (CFX_ELASTIC=1) joins the elastic job whatever the binding,
      * with the job's reform defaults (CFX_ELASTIC_MIN_SIZE, ...). */
-    cx_launch launch;
-    cfx_status st = cx_launch_detect(&launch, NULL, NULL);
-    if (!st && launch.elastic)
-        return cfx_elastic_init(opts, NULL, out);
-    return init_over(opts, NULL, out);
+    if (!cfg.launch_status && cfg.launch.elastic)
+        return elastic_over(&cfg, NULL, out);
+    return init_over(&cfg, NULL, out);
 }
 
 cfx_status cfx_init_with_store(const cfx_init_options *opts, const cfx_store_callbacks *store,
@@ -107,7 +102,12 @@ cfx_status cfx_init_with_store(const cfx_init_options *opts, const cfx_store_cal
 {
     if (!store)
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_init_with_store: store is NULL");
-    return init_over(opts, store, out);
+    if (!out)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_init: out is NULL");
+    *out = NULL;
+    cx_config cfg;
+    cfx_status st = cx_config_load(&cfg, opts);
+    return st ? st : init_over(&cfg, store, out);
 }
 
 /* A group's members alone meet (torch's new_group calls its backend on members only), so neither
@@ -127,11 +127,6 @@ cfx_status cfx_init_group(const cfx_init_options *opts, const cfx_store_callback
     cfx_status st = cx_config_load(&cfg, opts);
     if (st)
         return st;
-    if (cfg.transport != CFX_TRANSPORT_AUTO && cfg.transport != CFX_TRANSPORT_GLOO &&
-        !(size == 1 && cfg.transport == CFX_TRANSPORT_LOCAL))
-        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_init_group: rank %d of %d: a group meets "
-                       "over the Gloo transport, but transport %d was asked for", rank, size,
-                       cfg.transport);
     cx_transport *t;
     if ((st = cx_world_join_group(&cfg, store, rank, size, &t)))
         return st;
@@ -140,16 +135,55 @@ cfx_status cfx_init_group(const cfx_init_options *opts, const cfx_store_callback
 
 /* ---- elastic worlds (engine/membership.h) ------------------------------------------------- */
 
-static cfx_status reform_options(const char *fn, const cfx_reform_options *given,
-                                 cfx_reform_options *out)
+static cfx_reform_options reform_defaults(const cx_elastic_defaults *d)
 {
-    if (!given)
-        return cfx_reform_options_init(out, CFX_REFORM_OPTIONS_VERSION);
+    return (cfx_reform_options){.version = CFX_REFORM_OPTIONS_VERSION, .min_size = d->min_size,
+                                .max_size = d->max_size, .timeout_s = d->timeout_s,
+                                .settle_s = d->settle_s};
+}
+
+cfx_status cfx_reform_options_init(cfx_reform_options *opts, uint32_t version)
+{
+    if (!opts)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_reform_options_init: opts is NULL");
+    if (version != CFX_REFORM_OPTIONS_VERSION)
+        return cx_fail(CFX_ERR_VERSION, "cfx_reform_options_init: version %u is unknown to this "
+                       "library (it knows %d)", version, CFX_REFORM_OPTIONS_VERSION);
+    /* Outside any init: this entry point reads the job's defaults itself. */
+    cx_elastic_defaults d;
+    cfx_status st = cx_launch_elastic_defaults(cx_config_environment, NULL, &d);
+    if (st)
+        return st;
+    *opts = reform_defaults(&d);
+    return CFX_OK;
+}
+
+/* The options given, or the defaults read at init. */
+static cfx_status reform_options(const char *fn, const cfx_reform_options *given,
+                                 const cx_config *cfg, cfx_reform_options *out)
+{
+    if (!given) {
+        *out = reform_defaults(&cfg->elastic);
+        return CFX_OK;
+    }
     if (given->version != CFX_REFORM_OPTIONS_VERSION)
         return cx_fail(CFX_ERR_VERSION, "%s: reform options version %u is unknown to this library "
                        "(it knows %d)", fn, given->version, CFX_REFORM_OPTIONS_VERSION);
     *out = *given;
     return CFX_OK;
+}
+
+static cfx_status elastic_over(const cx_config *cfg, const cfx_reform_options *ropts,
+                               cfx_context **out)
+{
+    cfx_reform_options o;
+    cfx_status st = reform_options("cfx_elastic_init", ropts, cfg, &o);
+    cx_membership *m = NULL;
+    if (!st)
+        st = cx_membership_open(cfg, &m);
+    if (!st)
+        st = cx_context_create_elastic(m, cfg, &o, out);
+    return st;
 }
 
 cfx_status cfx_elastic_init(const cfx_init_options *opts, const cfx_reform_options *ropts,
@@ -158,21 +192,9 @@ cfx_status cfx_elastic_init(const cfx_init_options *opts, const cfx_reform_optio
     if (!out)
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_elastic_init: out is NULL");
     *out = NULL;
-    cfx_reform_options o;
     cx_config cfg;
-    cfx_status st = reform_options("cfx_elastic_init", ropts, &o);
-    if (!st)
-        st = cx_config_load(&cfg, opts);
-    if (!st && cfg.transport != CFX_TRANSPORT_AUTO && cfg.transport != CFX_TRANSPORT_GLOO)
-        st = cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_elastic_init: an elastic world runs over the "
-                     "Gloo transport, but transport %d was asked for (an MPI world cannot shrink)",
-                     cfg.transport);
-    cx_membership *m = NULL;
-    if (!st)
-        st = cx_membership_open(&cfg, &m);
-    if (!st)
-        st = cx_context_create_elastic(m, &cfg, &o, out);
-    return st;
+    cfx_status st = cx_config_load(&cfg, opts);
+    return st ? st : elastic_over(&cfg, ropts, out);
 }
 
 cfx_status cfx_context_reform(cfx_context *ctx, const cfx_reform_options *opts)
@@ -180,7 +202,7 @@ cfx_status cfx_context_reform(cfx_context *ctx, const cfx_reform_options *opts)
     if (!ctx)
         return cx_fail(CFX_ERR_NOT_INITIALIZED, "cfx_context_reform: context is NULL");
     cfx_reform_options o;
-    cfx_status st = reform_options("cfx_context_reform", opts, &o);
+    cfx_status st = reform_options("cfx_context_reform", opts, &ctx->cfg, &o);
     return st ? st : cx_context_reform(ctx, &o);
 }
 
@@ -243,6 +265,17 @@ TOPOLOGY_GETTER(cfx_local_rank, local_rank)
 TOPOLOGY_GETTER(cfx_local_size, local_size)
 TOPOLOGY_GETTER(cfx_cross_rank, cross_rank)
 TOPOLOGY_GETTER(cfx_cross_size, cross_size)
+
+/* The transport's name is its registry entry's (transport.h: ops->name), kept by every layer over
+ * it (the shared-memory layer, a subset's split). */
+const char *cfx_transport_name(const cfx_context *ctx)
+{
+    if (!ctx) {
+        cx_fail(CFX_ERR_NOT_INITIALIZED, "cfx_transport_name: context is NULL (call cfx_init first)");
+        return NULL;
+    }
+    return ctx->transport_name;
+}
 
 /* ---- subset contexts ------------------------------------------------------------------------ */
 
@@ -314,7 +347,11 @@ cfx_status cfx_alloc(size_t bytes, void **out)
 {
     if (!out)
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_alloc: out is NULL");
-    return cx_pool_alloc(bytes, out);
+    /* The pool belongs to the process and may be made before any context: this entry point reads
+     * its size (used when the call makes the pool). */
+    int64_t pool_bytes;
+    cfx_status st = cx_config_shared_pool_bytes(cx_config_environment, NULL, &pool_bytes);
+    return st ? st : cx_pool_alloc(bytes, pool_bytes, out);
 }
 
 cfx_status cfx_free(void *ptr)

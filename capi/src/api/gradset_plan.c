@@ -12,6 +12,7 @@
 #include "base/dtype.h"
 #include "base/error.h"
 #include "base/strmap.h"
+#include "engine/context.h"
 #include "exec/shared_pool.h"
 
 /* The first bucket (the gradients backward produces first) holds at most 1 MiB, as DDP's does: it
@@ -112,7 +113,7 @@ cfx_status cx_gradset_plan(cfx_gradset *s, const cx_gradset_reg *order, uint32_t
     for (int32_t b = 0; b < nb; b++)
         total += (s->buckets[b].bytes + 63) & ~(size_t)63;
     cfx_status st = CFX_OK;
-    if (s->owned && (st = cx_pool_alloc(total, &s->storage))) {
+    if (s->owned && (st = cx_pool_alloc(total, s->ctx->cfg.shared_pool_bytes, &s->storage))) {
         free(canon);
         return st;
     }

@@ -2,6 +2,7 @@
 #include "base/config.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,12 +110,12 @@ static cfx_status load_env(cx_config *cfg, const source *src)
 {
     const char *v;
     cfx_status st = CFX_OK;
+    /* A transport's name: the registry (transport/registry.h) knows which there are. */
     if ((v = var(src, "CFX_TRANSPORT"))) {
-        if (!strcasecmp(v, "auto")) cfg->transport = CFX_TRANSPORT_AUTO;
-        else if (!strcasecmp(v, "mpi")) cfg->transport = CFX_TRANSPORT_MPI;
-        else if (!strcasecmp(v, "local")) cfg->transport = CFX_TRANSPORT_LOCAL;
-        else if (!strcasecmp(v, "gloo")) cfg->transport = CFX_TRANSPORT_GLOO;
-        else return cx_fail(CFX_ERR_CONFIG, "CFX_TRANSPORT=\"%s\": expected auto, mpi, gloo or local", v);
+        if (strlen(v) >= sizeof cfg->transport_name)
+            return cx_fail(CFX_ERR_CONFIG, "CFX_TRANSPORT=\"%.40s...\": no transport has a name "
+                           "that long", v);
+        strcpy(cfg->transport_name, v);
     }
     if ((v = var(src, "CFX_FUSION_THRESHOLD")) && (st = cx_parse_bytes("CFX_FUSION_THRESHOLD", v, &cfg->fusion_threshold)))
         return st;
@@ -206,11 +207,9 @@ static cfx_status load_options(cx_config *cfg, const cfx_init_options *o)
         return cx_fail(CFX_ERR_VERSION, "cfx_init: options version %u is unknown to this library "
                        "(it knows %d); fill options with cfx_init_options_init", o->version,
                        CFX_INIT_OPTIONS_VERSION);
-    if (o->transport >= 0) {
-        if (o->transport > CFX_TRANSPORT_GLOO)
-            return cx_fail(CFX_ERR_CONFIG, "cfx_init: options.transport %d is not a cfx_transport_kind",
-                           o->transport);
+    if (o->transport >= 0) { /* a kind the registry knows (transport/registry.h); wins over the name */
         cfg->transport = o->transport;
+        cfg->transport_by_option = 1;
     }
     cfx_status st;
     if ((st = finite_option("cycle_time_ms", o->cycle_time_ms)) ||
@@ -257,9 +256,15 @@ static const char *from_environment(const char *name, void *user)
     return getenv(name);
 }
 
-cfx_status cx_config_env_bytes(const char *var, int64_t min, int64_t *out)
+const char *cx_config_environment(const char *name, void *user)
 {
-    const char *v = getenv(var);
+    return from_environment(name, user);
+}
+
+cfx_status cx_config_env_bytes(cx_config_lookup lookup, void *user, const char *var, int64_t min,
+                               int64_t *out)
+{
+    const char *v = lookup(var, user);
     if (!v || !*v)
         return CFX_OK;
     int64_t bytes = 0;
@@ -271,6 +276,34 @@ cfx_status cx_config_env_bytes(const char *var, int64_t min, int64_t *out)
                        (long long)min);
     *out = bytes;
     return CFX_OK;
+}
+
+cfx_status cx_config_shared_pool_bytes(cx_config_lookup lookup, void *user, int64_t *out)
+{
+    *out = 0;
+    return cx_config_env_bytes(lookup, user, "CFX_SHARED_POOL_BYTES", 4096, out);
+}
+
+cfx_status cx_config_launch(const cx_config *cfg, const cx_launch **out)
+{
+    *out = &cfg->launch;
+    if (cfg->launch_status)
+        return cx_fail((cfx_status)cfg->launch_status, "%s", cfg->launch_error);
+    return CFX_OK;
+}
+
+/* What is read once per init for the layers above: the launch (its error kept for where it is
+ * needed: a group, say, is joined without it), the deadlines, the elastic defaults, the pool. */
+static cfx_status load_launch(cx_config *cfg, const source *src)
+{
+    cfg->launch_status = cx_launch_detect(&cfg->launch, src->lookup, src->user);
+    if (cfg->launch_status)
+        snprintf(cfg->launch_error, sizeof cfg->launch_error, "%s", cx_error_message());
+    cfx_status st = cx_launch_timeouts(src->lookup, src->user, &cfg->rendezvous_timeout_s,
+                                       &cfg->transport_timeout_s);
+    if (!st)
+        st = cx_launch_elastic_defaults(src->lookup, src->user, &cfg->elastic);
+    return st ? st : cx_config_shared_pool_bytes(src->lookup, src->user, &cfg->shared_pool_bytes);
 }
 
 cfx_status cx_config_load(cx_config *cfg, const cfx_init_options *opts)
@@ -300,6 +333,8 @@ cfx_status cx_config_load_from(cx_config *cfg, const cfx_init_options *opts,
     cfg->gradset_bucket_bytes = DEFAULT_GRADSET_BUCKET_BYTES;
     source src = {lookup, user};
     cfx_status st = load_env(cfg, &src);
+    if (st == CFX_OK)
+        st = load_launch(cfg, &src);
     if (st == CFX_OK && opts)
         st = load_options(cfg, opts);
     /* A chunk the user chose applies across hosts too, unless that path has its own. */

@@ -18,6 +18,7 @@
 
 #include <stdint.h>
 
+#include "base/launch_env.h"
 #include "base/test_hooks.h"
 #include "conflux/conflux.h"
 
@@ -29,7 +30,10 @@
 #define CX_CYCLE_TIME_MAX_MS 10000.0
 
 typedef struct cx_config {
-    int32_t transport;          /* cfx_transport_kind */
+    int32_t transport;          /* cfx_transport_kind (options.transport) */
+    char transport_name[32];    /* CFX_TRANSPORT, "" when unset; transport/registry.h resolves
+                                   it and the kind (cx_transport_asked) */
+    int32_t transport_by_option; /* options.transport set `transport`: it wins over the name */
     int64_t fusion_threshold;   /* bytes; 0 = no fusion */
     int64_t chunk_bytes;        /* large reductions run as chunks of this size */
     int64_t hierarchical_chunk_bytes; /* CFX_HIERARCHICAL_CHUNK_BYTES: the chunk of the two-level
@@ -57,16 +61,35 @@ typedef struct cx_config {
                                      options leave bucket_bytes 0 */
     int32_t compression_everywhere; /* CFX_COMPRESSION_EVERYWHERE: fp16/bf16 compress every leg */
     cx_test_hooks test;          /* CFX_TEST_* (tests only) */
+    /* Read once per init and handed down: the layers above base/ read no environment. */
+    cx_launch launch;            /* the launcher's world (launch_env.h): rank, size, meeting place */
+    int32_t launch_status;       /* CFX_OK, or why the launcher's variables could not be read: */
+    char launch_error[512];         /* raised where the launch is needed (cx_config_launch) */
+    double rendezvous_timeout_s; /* CFX_RENDEZVOUS_TIMEOUT_S: a meeting's deadline */
+    double transport_timeout_s;  /* CFX_TRANSPORT_TIMEOUT_S: every wait for a peer (transport.h) */
+    cx_elastic_defaults elastic; /* CFX_ELASTIC_*: a membership round's defaults */
+    int64_t shared_pool_bytes;   /* CFX_SHARED_POOL_BYTES; 0: the pool's own default */
 } cx_config;
+
+/* The launch read at init: CFX_OK and *out, or the error reading it gave (cfg->launch_status). */
+cfx_status cx_config_launch(const cx_config *cfg, const cx_launch **out);
+
+/* What the environment says, for an entry point that reads it outside cfx_init (cfx_alloc,
+ * cfx_reform_options_init): getenv, as a lookup. */
+const char *cx_config_environment(const char *name, void *user);
+
+/* CFX_SHARED_POOL_BYTES through `lookup` (0 when unset: the pool's default); CFX_ERR_CONFIG when
+ * malformed or below a page. */
+cfx_status cx_config_shared_pool_bytes(cx_config_lookup lookup, void *user, int64_t *out);
 
 /* Parses a byte count for variable `var`: "123", "64K", "64KiB", "16M", "1G" (binary multiples).
  * CFX_ERR_CONFIG naming the variable and the text when malformed. */
 cfx_status cx_parse_bytes(const char *var, const char *text, int64_t *out);
 
-/* A byte count from the environment variable `var` (cx_parse_bytes), for the process-wide
- * settings read before any context exists (CFX_SHARED_POOL_BYTES, exec/shared_pool.c): *out is
- * left as it is when the variable is unset or empty, and a value below `min` is CFX_ERR_CONFIG. */
-cfx_status cx_config_env_bytes(const char *var, int64_t min, int64_t *out);
+/* A byte count from variable `var` read through `lookup` (cx_parse_bytes): *out is left as it is
+ * when the variable is unset or empty, and a value below `min` is CFX_ERR_CONFIG. */
+cfx_status cx_config_env_bytes(cx_config_lookup lookup, void *user, const char *var, int64_t min,
+                               int64_t *out);
 
 /* The fields every rank must share (broadcast from rank 0 at init). */
 typedef struct cx_config_agreed {

@@ -42,6 +42,18 @@ const char *cx_launcher_name(cx_launcher l)
     }
 }
 
+const char *cx_launcher_command(cx_launcher l)
+{
+    switch (l) {
+    case CX_LAUNCHER_CFX: return "cfxrun";
+    case CX_LAUNCHER_OPENMPI: return "mpirun";
+    case CX_LAUNCHER_TORCHRUN: return "torchrun";
+    case CX_LAUNCHER_SLURM: return "srun";
+    case CX_LAUNCHER_HOROVOD: return "horovodrun";
+    default: return "no launcher";
+    }
+}
+
 /* An integer variable; *out stays as it was when the variable is unset. */
 static cfx_status read_int(const reader *r, const char *name, long lo, long hi, int *out)
 {
@@ -306,16 +318,15 @@ cfx_status cx_launch_timeouts(cx_launch_lookup lookup, void *user, double *rende
                                   transport_s);
 }
 
-cfx_status cx_launch_elastic_defaults(int *min_size, int *max_size, double *timeout_s,
-                                      double *settle_s)
+cfx_status cx_launch_elastic_defaults(cx_launch_lookup lookup, void *user, cx_elastic_defaults *out)
 {
-    reader r = {NULL, NULL};
-    *min_size = 1;
-    *max_size = 0;
-    cfx_status st = read_int(&r, "CFX_ELASTIC_MIN_SIZE", 1, 1 << 24, min_size);
+    reader r = {lookup, user};
+    out->min_size = 1;
+    out->max_size = 0;
+    cfx_status st = read_int(&r, "CFX_ELASTIC_MIN_SIZE", 1, 1 << 24, &out->min_size);
     if (!st)
-        st = read_int(&r, "CFX_ELASTIC_MAX_SIZE", 0, 1 << 24, max_size);
+        st = read_int(&r, "CFX_ELASTIC_MAX_SIZE", 0, 1 << 24, &out->max_size);
     if (!st)
-        st = read_seconds(&r, "CFX_ELASTIC_TIMEOUT_S", 60, timeout_s);
-    return st ? st : read_seconds(&r, "CFX_ELASTIC_SETTLE_S", 10, settle_s);
+        st = read_seconds(&r, "CFX_ELASTIC_TIMEOUT_S", 60, &out->timeout_s);
+    return st ? st : read_seconds(&r, "CFX_ELASTIC_SETTLE_S", 10, &out->settle_s);
 }

@@ -54,6 +54,9 @@ typedef struct cx_launch {
 /* The launcher's name as a user knows it ("torchrun", "Slurm (srun)", ...). */
 const char *cx_launcher_name(cx_launcher l);
 
+/* The command that starts it ("mpirun", "torchrun", ...). */
+const char *cx_launcher_command(cx_launcher l);
+
 /* Reads the launch variables through `lookup` (NULL or "" = unset; NULL lookup = getenv).
  * CFX_ERR_CONFIG naming the variable and its text when one is malformed (a rank that is not a
  * number, a rank outside the size, a port outside 1..65535). */
@@ -68,7 +71,10 @@ cfx_status cx_launch_timeouts(cx_launch_lookup lookup, void *user, double *rende
 /* The defaults of a membership round (cfx_reform_options_init), set by cfxrun --elastic:
  * CFX_ELASTIC_MIN_SIZE (1), CFX_ELASTIC_MAX_SIZE (0: no maximum), CFX_ELASTIC_TIMEOUT_S (60) and
  * CFX_ELASTIC_SETTLE_S (10); a malformed value is CFX_ERR_CONFIG naming it. */
-cfx_status cx_launch_elastic_defaults(int *min_size, int *max_size, double *timeout_s,
-                                      double *settle_s);
+typedef struct cx_elastic_defaults {
+    int min_size, max_size;
+    double timeout_s, settle_s;
+} cx_elastic_defaults;
+cfx_status cx_launch_elastic_defaults(cx_launch_lookup lookup, void *user, cx_elastic_defaults *out);
 
 #endif /* CFX_LAUNCH_ENV_H */

@@ -26,7 +26,7 @@ typedef struct cx_test_hooks {
      * ranks, so the two-level paths run on one machine; 0 = real hosts (transport_mpi.c). */
     int32_t local_size;
     /* CFX_TEST_DIRECT_MAP_FAIL=L: local rank L (0..63) cannot map its peers' pools, so the
-     * shared-memory direct path turns off for good (exec/shm.c); bit L set, 0 = none. */
+     * shared-memory direct path turns off for good (exec/shm_direct.c); bit L set, 0 = none. */
     uint64_t direct_map_fail;
     /* CFX_TEST_DEVICE_PATH=nccl|staged: the path device set-up must have chosen, else every
      * device batch fails saying what was chosen and why (exec/device_exec.c); "" = any. */

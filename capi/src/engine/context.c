@@ -209,6 +209,7 @@ static cfx_status open_log(cfx_context *ctx)
 static cfx_status start_world(cfx_context *ctx, cx_transport *transport, bool timeline)
 {
     ctx->transport = transport;
+    ctx->transport_name = transport->ops->name;
     ctx->rank = transport->rank;
     ctx->size = transport->size;
     ctx->local_rank = transport->local_rank;

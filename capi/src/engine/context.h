@@ -26,6 +26,7 @@ struct cfx_context {
     cx_config cfg;
     cx_logger log;
     cx_transport *transport;       /* or the shared-memory layer over it (exec/shm_layer.h) */
+    const char *transport_name;    /* its registry name (static storage; kept across reforms) */
     cx_queue queue;
     cx_handles handles;
     cx_gradsets gradsets;          /* committed gradient sets (gradset.h) */

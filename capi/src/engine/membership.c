@@ -10,9 +10,7 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "base/launch_env.h"
-#if CFX_HAVE_GLOO
-#include "transport/transport_gloo.h"
-#endif
+#include "transport/registry.h"
 
 /* How many ids past the largest known a round looks at for newcomers: the driver numbers the
  * workers it starts, and some may die before they say hello. */
@@ -32,6 +30,7 @@ struct cx_membership {
     int *ids;          /* the current world's member ids, in rank order */
     size_t n;
     int max_id;        /* the largest id any decision named */
+    const cx_transport_entry *transport; /* what each world is made of (CX_ENTRY_ELASTIC) */
     double rendezvous_s, transport_s;
     int test_local_size;
     char left[512];
@@ -39,31 +38,15 @@ struct cx_membership {
 
 /* ---- opening ------------------------------------------------------------------------------ */
 
-cfx_status cfx_reform_options_init(cfx_reform_options *opts, uint32_t version)
-{
-    if (!opts)
-        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_reform_options_init: opts is NULL");
-    if (version != CFX_REFORM_OPTIONS_VERSION)
-        return cx_fail(CFX_ERR_VERSION, "cfx_reform_options_init: version %u is unknown to this "
-                       "library (it knows %d)", version, CFX_REFORM_OPTIONS_VERSION);
-    int min_size, max_size;
-    double timeout_s, settle_s;
-    cfx_status st = cx_launch_elastic_defaults(&min_size, &max_size, &timeout_s, &settle_s);
-    if (st)
-        return st;
-    *opts = (cfx_reform_options){.version = version, .min_size = min_size, .max_size = max_size,
-                                 .timeout_s = timeout_s, .settle_s = settle_s};
-    return CFX_OK;
-}
-
-static cfx_status open_store(const cx_launch *l, cx_store **out)
+static cfx_status open_store(const cx_launch *l, double timeout_s, cx_store **out)
 {
     if (l->store_dir[0])
         return cx_store_file_create(l->store_dir, out);
     if (l->store_port && l->store_served_by_launcher)
         return cx_store_tcp_create(&(cx_tcp_store_params){.host = l->store_host,
                                                            .port = l->store_port,
-                                                           .generation = 1, .timeout_s = 60},
+                                                           .generation = 1,
+                                                           .timeout_s = timeout_s},
                                    out);
     return cx_fail(CFX_ERR_CONFIG, "cfx_elastic_init: an elastic job meets through a store that "
                    "outlives every worker: the one cfxrun --elastic serves (CFX_RENDEZVOUS_ADDR "
@@ -75,10 +58,29 @@ static cfx_status open_store(const cx_launch *l, cx_store **out)
 cfx_status cx_membership_open(const cx_config *cfg, cx_membership **out)
 {
     *out = NULL;
-    cx_launch l;
-    cfx_status st = cx_launch_detect(&l, NULL, NULL);
+    const cx_launch *lp;
+    cfx_status st = cx_config_launch(cfg, &lp);
     if (st)
         return st;
+    const cx_launch l = *lp;
+    /* The transport asked for (CFX_TRANSPORT), else the first that membership can form. */
+    const cx_transport_entry *e = NULL;
+    if ((st = cx_transport_asked(cfg, &e)))
+        return st;
+    size_t n;
+    const cx_transport_entry *all = cx_transport_entries(&n);
+    for (size_t i = 0; !e && i < n; i++)
+        if (all[i].caps & CX_ENTRY_ELASTIC)
+            e = &all[i];
+    if (!e || !(e->caps & CX_ENTRY_ELASTIC))
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_elastic_init: an elastic world runs over a "
+                       "transport that membership rounds can form again, but %s%s (an MPI world "
+                       "cannot shrink)", e ? "the transport asked for is " : "this build has none",
+                       e ? e->name : "");
+    cx_transport *none;
+    if (!e->built) /* says so before any round */
+        return cx_transport_create(e, &(cx_transport_params){0}, CFX_ERR_UNSUPPORTED,
+                                   "cfx_elastic_init", &none);
     if (l.launcher == CX_LAUNCHER_NONE || l.rank < 0 || l.size < 1)
         return cx_fail(CFX_ERR_CONFIG, "cfx_elastic_init: no launcher's variables give this "
                        "process's rank and the first world's size (start the job with cfxrun "
@@ -90,12 +92,14 @@ cfx_status cx_membership_open(const cx_config *cfg, cx_membership **out)
     m->first_size = l.size;
     m->max_id = l.size - 1;
     m->test_local_size = cfg->test.local_size;
+    m->transport = e;
+    m->rendezvous_s = cfg->rendezvous_timeout_s;
+    m->transport_s = cfg->transport_timeout_s;
     snprintf(m->left, sizeof m->left, "none");
     if (l.elastic_id >= 0)
         m->id = l.elastic_id;
     cx_store *base = NULL;
-    if (!(st = cx_launch_timeouts(NULL, NULL, &m->rendezvous_s, &m->transport_s)) &&
-        !(st = open_store(&l, &base)))
+    if (!(st = open_store(&l, m->rendezvous_s, &base)))
         st = cx_store_prefixed(base, "elastic", 1, &m->store);
     if (st) {
         free(m);
@@ -394,23 +398,17 @@ static cfx_status take_part(cx_membership *m, int round, const cfx_reform_option
 
 static cfx_status build_transport(cx_membership *m, cx_transport **out)
 {
-#if CFX_HAVE_GLOO
     char space[KEY_MAX];
     snprintf(space, sizeof space, "r%d/world", m->round);
     cx_store *view;
     cfx_status st = cx_store_prefixed(m->store, space, 0, &view);
     if (st)
         return st;
-    int rank = index_of(m->ids, m->n, m->id);
-    return cx_transport_gloo_create(view, &(cx_gloo_params){rank, (int)m->n, m->transport_s,
-                                                            m->rendezvous_s, m->test_local_size, 0},
-                                    out);
-#else
-    (void)m;
-    (void)out;
-    return cx_fail(CFX_ERR_UNSUPPORTED, "elastic worlds need the Gloo transport, and this build of "
-                   "Conflux has none (configure with CONFLUX_WITH_GLOO=ON; Debian: libgloo-dev)");
-#endif
+    cx_transport_params p = {.rank = index_of(m->ids, m->n, m->id), .size = (int)m->n,
+                             .store = view, .timeout_s = m->transport_s,
+                             .rendezvous_s = m->rendezvous_s,
+                             .pretend_local_size = m->test_local_size};
+    return cx_transport_create(m->transport, &p, CFX_ERR_UNSUPPORTED, "membership", out);
 }
 
 cfx_status cx_membership_form(cx_membership *m, const cfx_reform_options *o, const cx_logger *log,

@@ -19,7 +19,8 @@
  *   Fewer than min_size after the deadline: the decision is a failure naming who is missing.
  * - A participant a decision leaves out (a newcomer past the maximum, a survivor that came too
  *   late) takes part in round N+1. A newcomer joins the first round without a decision.
- * - World N's transport meets under "r<N>/world/" in the same store.
+ * - World N's transport meets under "r<N>/world/" in the same store (any transport whose registry
+ *   entry is elastic: it meets through a store).
  */
 #ifndef CFX_MEMBERSHIP_H
 #define CFX_MEMBERSHIP_H
@@ -32,9 +33,11 @@
 
 typedef struct cx_membership cx_membership;
 
-/* Opens the membership of this process from the launcher's variables: the store (CFX_RENDEZVOUS_DIR,
- * or CFX_RENDEZVOUS_ADDR served by the launcher: CFX_RENDEZVOUS_EXTERNAL=1) and the member id.
- * CFX_ERR_CONFIG naming what is missing. */
+/* Opens the membership of this process from the launch read at init (cfg->launch): the store
+ * (CFX_RENDEZVOUS_DIR, or CFX_RENDEZVOUS_ADDR served by the launcher: CFX_RENDEZVOUS_EXTERNAL=1,
+ * reached within cfg->rendezvous_timeout_s) and the member id; and the transport its worlds are
+ * made of: the one asked for, or the registry's first elastic entry (CX_ENTRY_ELASTIC; an entry
+ * without it is CFX_ERR_INVALID_ARGUMENT). CFX_ERR_CONFIG naming what is missing. */
 cfx_status cx_membership_open(const cx_config *cfg, cx_membership **out);
 
 /* Takes part in membership rounds from `first_round` on until one includes this process; builds

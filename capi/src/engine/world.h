@@ -1,9 +1,12 @@
 /*
- * world - how a context finds its world and builds its transport: Open MPI's launch gives the MPI
- * transport; a launcher's variables (CFX_RANK/CFX_SIZE, torchrun, Slurm, Horovod; base/launch_env.h)
- * give a rendezvous store (rendezvous/store.h) and the Gloo transport over it; nothing gives a
- * world of one. A process that sees a world of more than one rank it cannot join fails with
- * CFX_ERR_CONFIG naming the launcher and what is missing, never a silent world of one.
+ * world - how a context finds its world and builds its transport, from the launch read at init
+ * (cx_config.launch) and the transport registry (transport/registry.h): the transport asked for
+ * (CFX_TRANSPORT, options.transport), or under auto the entry that meets the way the launch calls
+ * for: in the launcher's own world where that launcher started the process (mpirun: MPI), through
+ * a rendezvous store (rendezvous/store.h) where another launcher did (CFX_RANK/CFX_SIZE, torchrun,
+ * Slurm, Horovod: Gloo), within the process when nothing did (a world of one). A process that sees
+ * a world of more than one rank it cannot join fails with CFX_ERR_CONFIG naming the launcher and
+ * what is missing, never a silent world of one.
  */
 #ifndef CFX_WORLD_H
 #define CFX_WORLD_H
@@ -17,8 +20,8 @@ cfx_status cx_world_create_transport(const cx_config *cfg, const cfx_store_callb
                                      cx_transport **out);
 
 /* The transport of a group whose members alone call this (cfx_init_group): `rank` of `size` given
- * by the caller, met over Gloo through `store` (the group's own key space); a group of one needs
- * no store. */
+ * by the caller, met through `store` (the group's own key space) over the first transport that
+ * meets through a store (Gloo); a group of one needs no store. */
 cfx_status cx_world_join_group(const cx_config *cfg, const cfx_store_callbacks *store, int rank,
                                int size, cx_transport **out);
 

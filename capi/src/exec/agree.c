@@ -1,6 +1,6 @@
-/* agree - the failure agreement of the collective engine (cx_exec_agree, execute.h), and its
+/* agree - the failure agreement of the collective engine (agree.h), and its
  * injection for tests (CFX_TEST_FAIL, base/test_hooks.h). */
-#include "exec/execute.h"
+#include "exec/agree.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -12,7 +12,7 @@
  * a ring allgather). Each element is combined on one member, so every member ends with the same
  * bits. Two members take the transport's allreduce: one combine, one rounding, the same bits.
  *
- * Called by exec/execute.c (the MPI path, the world group) and exec/shm.c (the cross-host leg of
+ * Called by exec/execute.c (the MPI path, the world group) and exec/shm_cross.c (the cross-host leg of
  * the hierarchical path, the cross group), on the background thread.
  */
 #ifndef CFX_COMBINE16_H

@@ -37,9 +37,11 @@
  * allgather, alltoall and reducescatter are host-staged, and their outputs (allocated by Conflux)
  * are host memory.
  *
- * The module is cut along its seams: device_plan.c (the path plan, pure), device_exec.c (set-up,
- * ordering and completion, the dispatch), device_nccl.c (the NCCL path), device_staged.c (the
- * host-staged pipeline); device_state.h is what the three share.
+ * The module is cut along its seams, each file below the one that calls it: device_plan.c (the
+ * path plan, pure), device_prims.c (the device state, ordering and completion, the agreement's
+ * device side, the NCCL communicator's state: what both paths stand on), device_nccl.c (the NCCL
+ * path), device_staged.c (the host-staged pipeline), device_exec.c (set-up and the dispatch to the
+ * two paths, above them).
  *
  * Every CUDA and NCCL call is made by the background thread, which sets its device itself (the
  * caller's current device is untouched). In a build without CUDA the entry points fail with

@@ -1,7 +1,7 @@
-/* device_nccl - the NCCL path of device tensors (device_exec.h): the communicator's set-up with a
- * deadline and its agreement, its loss, and the allreduce (pack, ncclAllReduce, unpack on Conflux's
+/* device_nccl - the NCCL path of device tensors (device_nccl.h): the communicator's set-up with a
+ * deadline and its agreement, and the allreduce (pack, ncclAllReduce, unpack on Conflux's
  * stream) and broadcast; NCCL builds only. */
-#include "exec/device_state.h"
+#include "exec/device_nccl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,27 +51,7 @@ cfx_status cx_dev_nccl_setup(cx_exec *x, cx_device *d, char *why, size_t why_len
     }
     return CFX_OK;
 }
-void cx_dev_nccl_abort(cx_device *d)
-{
-    cx_nccl_abort(d->nccl);
-}
 
-void cx_dev_nccl_lose(cx_exec *x, cx_device *d, uint32_t flags)
-{
-    if (!(flags & CX_AGREE_FLAG_NCCL_LOST) || !d->nccl || d->path != CX_DEVICE_PATH_NCCL)
-        return;
-    cx_nccl_abort(d->nccl);
-    d->path = CX_DEVICE_PATH_STAGED;
-    if (x->transport->rank == 0)
-        cx_log(x->log, CX_LOG_WARNING, "device", "an NCCL communicator failed: device tensors take "
-               "the host-staged data path from now on");
-}
-
-uint32_t cx_dev_nccl_flags(const cx_device *d)
-{
-    return d->path == CX_DEVICE_PATH_NCCL && d->nccl && cx_nccl_failed(d->nccl)
-               ? CX_AGREE_FLAG_NCCL_LOST : 0;
-}
 static cfx_status reserve_fusion(cx_device *d, size_t bytes)
 {
     if (d->fusion_cap >= bytes && d->fusion)

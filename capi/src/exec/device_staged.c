@@ -1,7 +1,7 @@
-/* device_staged - the host-staged pipeline of device tensors (device_exec.h): device to
+/* device_staged - the host-staged pipeline of device tensors (device_staged.h): device to
  * page-locked host to the host data path and back, piece by piece through two halves, for the
  * allreduce, the broadcast and the collectives that are always host-staged; CUDA builds only. */
-#include "exec/device_state.h"
+#include "exec/device_staged.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,8 +1,10 @@
-/* host_allreduce - the host data paths of an allreduce batch (cx_exec_allreduce_host, execute.h):
+/* host_allreduce - the host data paths of an allreduce batch (host_allreduce.h):
  * shared memory (through the transport's shared-memory layer, shm_layer.h), chunked over the
  * transport with the fusion buffer, the deterministic ordered path, compression on the wire
  * (combine16.h) and Adasum (adasum.h). One concern: how a batch's bytes are reduced on the host. */
-#include "exec/execute.h"
+#include "exec/host_allreduce.h"
+
+#include "exec/agree.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -165,7 +167,7 @@ static bool follows(const void *prev, size_t bytes, const void *next)
  * segments and returns the new number: a tensor that continues the last one in memory, input and
  * output alike, extends it. A gradient set's owned bucket (contiguous on every rank) becomes one
  * segment, however many gradients it holds, and so stays within the direct path's segment limit;
- * the direct path checks that every local rank cut its batch alike (exec/shm.c). */
+ * the direct path checks that every local rank cut its batch alike (exec/shm_direct.c). */
 static size_t add_segment(cx_segment *segs, size_t n, const void *src, void *dst, size_t count,
                           size_t esize)
 {

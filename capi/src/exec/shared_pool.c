@@ -11,7 +11,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "base/config.h"
 #include "base/error.h"
 
 #define ALIGN 64
@@ -34,6 +33,7 @@ static struct {
     int fd;
     uint8_t *base;
     uint64_t size, used;
+    int64_t configured;        /* CFX_SHARED_POOL_BYTES as the first caller read it; 0: default */
     extent_list free_list, allocated;
 } pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .fd = -1};
 
@@ -158,7 +158,7 @@ static int hugetlb_pool(uint64_t *size, void **base)
 
 /* Makes the pool (under the lock). A forked child drops its parent's: that memory is the
  * parent's to hand out, and is left mapped for whatever the child still reads from it. */
-static cfx_status ensure_pool(void)
+static cfx_status ensure_pool(int64_t configured)
 {
     if (pool.base && pool.pid == getpid())
         return CFX_OK;
@@ -173,11 +173,8 @@ static cfx_status ensure_pool(void)
         atomic_store(&pool_lo, 0);
         atomic_store(&pool_hi, 0);
     }
-    int64_t bytes = (int64_t)default_size();
-    cfx_status st = cx_config_env_bytes("CFX_SHARED_POOL_BYTES", PAGE, &bytes);
-    if (st)
-        return st;
-    uint64_t size = (uint64_t)bytes;
+    pool.configured = configured;
+    uint64_t size = configured > 0 ? (uint64_t)configured : default_size();
     size = (size + PAGE - 1) / PAGE * PAGE;
     void *p = MAP_FAILED;
     int fd = hugetlb_pool(&size, &p);
@@ -201,7 +198,7 @@ static cfx_status ensure_pool(void)
                        "CFX_SHARED_POOL_BYTES sets it): %s", (unsigned long long)size, strerror(e));
     }
     exclude_from_dumps(p, size);
-    st = insert_at(&pool.free_list, 0, (extent){0, size});
+    cfx_status st = insert_at(&pool.free_list, 0, (extent){0, size});
     if (st) {
         munmap(p, size);
         close(fd);
@@ -219,14 +216,14 @@ static cfx_status ensure_pool(void)
     return CFX_OK;
 }
 
-cfx_status cx_pool_alloc(size_t bytes, void **out)
+cfx_status cx_pool_alloc(size_t bytes, int64_t pool_bytes, void **out)
 {
     *out = NULL;
     if (bytes > UINT64_MAX - ALIGN)
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "cfx_alloc: %zu bytes is more than any pool", bytes);
     uint64_t len = bytes ? (bytes + ALIGN - 1) / ALIGN * ALIGN : ALIGN;
     pthread_mutex_lock(&pool.lock);
-    cfx_status st = ensure_pool();
+    cfx_status st = ensure_pool(pool_bytes);
     size_t i = 0;
     while (!st && i < pool.free_list.n && pool.free_list.v[i].len < len)
         i++;
@@ -309,7 +306,7 @@ cfx_status cx_pool_free(void *p)
 cfx_status cx_pool_get_export(cx_pool_export *out)
 {
     pthread_mutex_lock(&pool.lock);
-    cfx_status st = ensure_pool();
+    cfx_status st = ensure_pool(pool.configured);
     if (!st)
         *out = (cx_pool_export){(int64_t)pool.pid, pool.fd, pool.size};
     pthread_mutex_unlock(&pool.lock);

@@ -24,8 +24,10 @@
 
 #include "conflux/conflux.h"
 
-/* cfx_alloc / cfx_free (conflux.h has the contract). */
-cfx_status cx_pool_alloc(size_t bytes, void **out);
+/* cfx_alloc / cfx_free (conflux.h has the contract). The pool is made by the first call, of
+ * pool_bytes (CFX_SHARED_POOL_BYTES, read by the caller's entry point; 0: a default from the
+ * machine's memory); later calls' pool_bytes do not resize it. */
+cfx_status cx_pool_alloc(size_t bytes, int64_t pool_bytes, void **out);
 cfx_status cx_pool_free(void *p);
 
 /* What a peer needs to map this process's pool. */

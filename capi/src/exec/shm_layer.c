@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "base/error.h"
-#include "base/launch_env.h"
 
 typedef struct shm_layer {
     cx_transport base;      /* rank and group sizes copied from inner; ops points at `ops` */
@@ -286,9 +285,6 @@ cfx_status cx_shm_layer_setup(cx_transport **tp, const cx_config *c, const cx_lo
     }
     if (t->local_size == 1) /* the same on every rank here */
         return CFX_OK;
-    double rendezvous_s, transport_s;
-    if ((st = cx_launch_timeouts(NULL, NULL, &rendezvous_s, &transport_s)))
-        return st;
     cx_host_path path = {NULL, !one_host};
     /* Across hosts a chunk's blocks cross in one transport call each: the chunk the user set for
      * this path, else the one the transport wants, else the engine's. */
@@ -297,7 +293,7 @@ cfx_status cx_shm_layer_setup(cx_transport **tp, const cx_config *c, const cx_lo
         chunk = (size_t)c->hierarchical_chunk_bytes;
     else if (!one_host && t->ops->caps.cross_chunk_bytes)
         chunk = t->ops->caps.cross_chunk_bytes;
-    st = cx_shm_create(t, chunk, transport_s, c->test.direct_map_fail, &path.shm);
+    st = cx_shm_create(t, chunk, c->transport_timeout_s, c->test.direct_map_fail, &path.shm);
     if (st == CFX_ERR_TRANSPORT) { /* no usable /dev/shm: the transport alone still works */
         cx_log(log, CX_LOG_WARNING, "context", "%s; %s carries every allreduce",
                cx_error_message(), t->ops->name);

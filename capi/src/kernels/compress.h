@@ -5,7 +5,7 @@
  *
  * The wire value of a request is the cfx_compression value after CFX_COMPRESSION_EVERYWHERE=1 has
  * turned FP16/BF16 into their _EVERYWHERE forms, so every rank's data path reads the same choice
- * from the agreed response. Called by the API (checks), exec/execute.c and exec/shm.c (kernels).
+ * from the agreed response. Called by the API (checks), exec/execute.c and exec/shm_*.c (kernels).
  */
 #ifndef CFX_COMPRESS_H
 #define CFX_COMPRESS_H

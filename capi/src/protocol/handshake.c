@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "transport/registry.h"
 
 /* Distinct (versions, features) classes a message lists; further ranks are counted. */
 #define MAX_CLASSES 8
@@ -25,10 +26,7 @@ void cx_hello_self(const cx_config *cfg, cx_hello *out)
         out->wire_major = (uint16_t)cfg->test.wire_major;
         out->wire_minor = (uint16_t)cfg->test.wire_minor;
     }
-    out->features = CFX_FEATURE_LOCAL;
-#if defined(CFX_HAVE_MPI) && CFX_HAVE_MPI
-    out->features |= CFX_FEATURE_MPI;
-#endif
+    out->features = cx_transport_features(); /* the transports this build has (registry.h) */
 #if defined(CFX_HAVE_CUDA) && CFX_HAVE_CUDA
     out->features |= CFX_FEATURE_CUDA;
 #endif
@@ -73,17 +71,23 @@ static bool same_class(const cx_hello *a, const cx_hello *b)
            a->lib_patch == b->lib_patch && a->features == b->features;
 }
 
+/* The features' names: a transport's is its registry name, the others the device paths'. */
 static void add_features(text *t, uint32_t f)
 {
-    static const struct { uint32_t bit; const char *name; } names[] = {
-        {CFX_FEATURE_MPI, "mpi"}, {CFX_FEATURE_CUDA, "cuda"}, {CFX_FEATURE_NCCL, "nccl"},
-        {CFX_FEATURE_LOCAL, "local"}};
     const char *sep = "";
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (f & names[i].bit) {
-            add(t, "%s%s", sep, names[i].name);
-            sep = "+";
-        }
+    for (int b = 0; b < 32; b++) {
+        uint32_t bit = 1u << b;
+        if (!(f & bit))
+            continue;
+        const char *name = cx_transport_feature_name(bit);
+        if (!name)
+            name = bit == CFX_FEATURE_CUDA ? "cuda" : bit == CFX_FEATURE_NCCL ? "nccl" : NULL;
+        if (name)
+            add(t, "%s%s", sep, name);
+        else
+            add(t, "%sbit %d", sep, b);
+        sep = "+";
+    }
     if (!*sep)
         add(t, "none");
 }

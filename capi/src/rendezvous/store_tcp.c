@@ -299,6 +299,12 @@ static cfx_status server_start(const cx_tcp_store_params *p, tcp_server **out, i
         e = errno;
         *port_out = p->port + i;
     }
+    struct sockaddr_storage bound; /* port 0: the one the system chose */
+    socklen_t bound_len = sizeof bound;
+    if (s->listen_fd >= 0 && p->port == 0 &&
+        getsockname(s->listen_fd, (struct sockaddr *)&bound, &bound_len) == 0)
+        *port_out = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                      : ((struct sockaddr_in *)&bound)->sin_port);
     if (s->listen_fd < 0) {
         free(s);
         char ports[48];
@@ -552,7 +558,7 @@ cfx_status cx_store_tcp_create(const cx_tcp_store_params *p, cx_store **out)
     else
         snprintf(t->base.where, sizeof t->base.where, "TCP store at %s:%d", p->host, p->port);
     cfx_status st = p->serve ? server_start(p, &t->server, &served_port) : CFX_OK;
-    if (!st && p->serve && span > 1) { /* the server knows its port: the rest try the range */
+    if (!st && p->serve && (span > 1 || served_port != p->port)) { /* the server knows its port */
         snprintf(t->base.where, sizeof t->base.where, "TCP store at %s:%d", p->host, served_port);
         span = 1;
     }

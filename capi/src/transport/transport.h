@@ -18,8 +18,19 @@
  * capabilities ask for it.
  *
  * Implementations: transport_mpi.c (Open MPI), transport_gloo.cpp (Gloo over TCP, with
- * gloo_lost.cpp, gloo_state.h and gloo_exchange.h), transport_local.c (thread ranks, and size 1).
- * docs/architecture.md "Writing a transport" is the guide for the next one.
+ * gloo_lost.cpp, gloo_state.h and gloo_exchange.h), transport_local.c (thread ranks, and size 1),
+ * each one line of the registry (registry.c: kind, name, feature bit, create function, how its
+ * ranks meet, capabilities), which everything that chooses or names a transport reads.
+ * docs/architecture.md "Writing a transport" is the guide for the next one: its file and its
+ * registry line are the two places it touches.
+ *
+ * The deadline rule. Every wait for a peer, in every call below and in creation, ends at a
+ * deadline: the creation's meeting at cx_transport_params.rendezvous_s, every later wait at
+ * cx_transport_params.timeout_s (CFX_TRANSPORT_TIMEOUT_S, read once per init by base/config.c and
+ * handed to the create function). A wait that passes it fails with CFX_ERR_PEER_LOST naming the
+ * rank waited for (or CFX_ERR_TIMEOUT when no single rank is to blame); no call waits forever for
+ * a peer that died or went silent. A transport whose calls cannot be cancelled (MPI) gives the
+ * call up at the deadline and says so in caps.aborts_in_flight = false.
  */
 #ifndef CFX_TRANSPORT_H
 #define CFX_TRANSPORT_H
@@ -29,6 +40,7 @@
 #include <stdint.h>
 
 #include "conflux/conflux.h"
+#include "rendezvous/store.h"
 
 typedef struct cx_transport cx_transport;
 
@@ -147,6 +159,37 @@ struct cx_transport {
     int local_rank, local_size; /* ranks sharing this host */
     int cross_rank, cross_size; /* ranks with this local rank, one per host */
 };
+
+/* What a transport's create function is given (registry.h: one per transport). Every CFX_*
+ * setting the transport needs comes in here, read once per init; a transport never calls getenv
+ * nor a base/ reader of the environment. */
+typedef struct cx_transport_params {
+    /* This process's rank and the world's size: from the launcher, the caller (cfx_init_group)
+     * or the membership round (elastic). -1 for a transport that finds them itself from the
+     * launcher's world (CX_MEETS_LAUNCH: MPI). */
+    int rank, size;
+    /* Where the ranks meet (CX_MEETS_STORE), a key space this world alone uses; NULL for the
+     * other ways of meeting. Taken over, also on failure: the transport destroys it when every
+     * rank is done with it (or at once, when it fails). */
+    cx_store *store;
+    /* Rank 0 serves the TCP store: once it is gone, the store is gone too. */
+    int store_on_rank0;
+    /* The deadline rule (above): every wait for a peer after creation, and the meeting. */
+    double timeout_s;
+    double rendezvous_s;
+    /* > 0 (CFX_TEST_LOCAL_SIZE, tests only): pretend hosts of that many consecutive ranks;
+     * given only to a transport whose entry groups hosts (CX_ENTRY_HOST_GROUPS). */
+    int pretend_local_size;
+} cx_transport_params;
+
+/* The create function's contract. Collective over the ranks of the new world: every rank calls it
+ * with the same size and its own rank. On success *out is a transport whose table passes
+ * cx_transport_check, with rank and size as given (or as the launcher's world says), and
+ * local_* / cross_* from cx_host_groups (transport/hosts.h) or, for ranks that share one
+ * process, one host. On failure *out is NULL, the status is returned with cx_fail's message
+ * naming what failed (the peer, the store, the missing piece), params->store is destroyed, and
+ * nothing is left running. Creation may block for peers, up to params->rendezvous_s. */
+typedef cfx_status cx_transport_create_fn(const cx_transport_params *p, cx_transport **out);
 
 /* Whether t fills the optional call `bit` (CX_TRANSPORT_*). */
 static inline bool cx_transport_has(const cx_transport *t, uint32_t bit)

@@ -9,7 +9,7 @@
  * one hop, receives posted a call ahead); broadcast and barrier are Gloo's; gather of bytes,
  * allgatherv, alltoallv and sendrecv are point-to-point over Gloo's unbound buffers (exact
  * displacements, zero-length pieces skipped); reduce_scatter is an allreduce whose own slice is
- * kept. Every wait carries the deadline of cx_gloo_params.timeout_s; a failed wait names the rank
+ * kept. Every wait carries the deadline of cx_transport_params.timeout_s; a failed wait names the rank
  * it lost through gloo_lost.h. What the pieces share (Root, State) is in gloo_state.h.
  */
 #include "transport/transport_gloo.h"
@@ -42,6 +42,7 @@
 #include "transport/gloo_exchange.h"
 #include "transport/gloo_lost.h"
 #include "transport/gloo_state.h"
+#include "transport/hosts.h"
 
 extern "C" {
 #include "base/dtype.h"
@@ -642,10 +643,8 @@ const cx_transport_ops gloo_ops = {
 
 std::string host_name(const Root *root, int world_rank)
 {
-    if (root->test_local_size > 0)
-        return "pretend-host-" + std::to_string(world_rank / root->test_local_size);
-    char name[256] = "";
-    gethostname(name, sizeof name - 1);
+    char name[256];
+    cx_host_name(world_rank, root->test_local_size, name, sizeof name);
     return name;
 }
 
@@ -702,30 +701,20 @@ cfx_status build(Root *root, const std::string &prefix, int rank, int size, cx_t
             s->pids.push_back(here ? pid : 0);
             s->starts.push_back(here ? start : 0);
         }
-        /* Hosts in the order of their lowest rank; the local group in rank order. */
-        std::vector<std::string> host_order;
-        for (int r = 0; r < size; r++)
-            if (std::find(host_order.begin(), host_order.end(), s->hosts[r]) == host_order.end())
-                host_order.push_back(s->hosts[r]);
-        for (int r = 0; r < size; r++)
-            if (s->hosts[r] == s->hosts[rank])
-                s->local_members.push_back(r);
-        t->local_size = static_cast<int>(s->local_members.size());
-        t->local_rank = static_cast<int>(std::find(s->local_members.begin(), s->local_members.end(),
-                                                   rank) - s->local_members.begin());
-        for (const auto &h : host_order) {
-            int index = 0;
-            for (int r = 0; r < size; r++) {
-                if (s->hosts[r] != h)
-                    continue;
-                if (index++ == t->local_rank) {
-                    if (r == rank)
-                        t->cross_rank = static_cast<int>(s->cross_members.size());
-                    s->cross_members.push_back(r);
-                }
-            }
-        }
-        t->cross_size = static_cast<int>(s->cross_members.size());
+        /* The grouping every transport shares (hosts.h). */
+        std::vector<const char *> names;
+        for (const auto &h : s->hosts)
+            names.push_back(h.c_str());
+        cx_host_groups hg;
+        if (cx_host_groups_from_names(names.data(), size, rank, &hg))
+            throw std::runtime_error(cx_error_message());
+        s->local_members.assign(hg.local_members, hg.local_members + hg.local_size);
+        s->cross_members.assign(hg.cross_members, hg.cross_members + hg.cross_size);
+        t->local_rank = hg.local_rank;
+        t->local_size = hg.local_size;
+        t->cross_rank = hg.cross_rank;
+        t->cross_size = hg.cross_size;
+        cx_host_groups_free(&hg);
 
         auto world = std::make_shared<gloo::rendezvous::Context>(rank, size);
         world->setTimeout(millis(static_cast<long>(root->rendezvous_s * 1000)));
@@ -772,10 +761,10 @@ void ignore_sigpipe()
 
 } // namespace
 
-extern "C" cfx_status cx_transport_gloo_create(cx_store *store, const cx_gloo_params *p,
-                                               cx_transport **out)
+extern "C" cfx_status cx_transport_gloo_create(const cx_transport_params *p, cx_transport **out)
 {
     *out = nullptr;
+    cx_store *store = p->store;
     ignore_sigpipe();
     Root *root = new (std::nothrow) Root();
     if (!root) {
@@ -787,7 +776,7 @@ extern "C" cfx_status cx_transport_gloo_create(cx_store *store, const cx_gloo_pa
     root->world_size = p->size;
     root->timeout_s = p->timeout_s;
     root->rendezvous_s = p->rendezvous_s;
-    root->test_local_size = p->test_local_size;
+    root->test_local_size = p->pretend_local_size;
     try {
         /* Gloo listens on the address this process reached the store from (the interface its
          * peers can reach), else on what this host's name resolves to. */

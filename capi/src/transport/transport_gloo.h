@@ -3,7 +3,8 @@
  * cross-process transport for jobs that mpirun did not start (cfxrun --transport gloo, torchrun,
  * Slurm's srun). The ranks connect through a rendezvous store (rendezvous/store.h) into a full
  * mesh of TCP pairs (Gloo's tcp device); the local group is the ranks whose hosts have the same
- * name (exchanged through the store), so shared memory and the hierarchical split work as over MPI;
+ * name (exchanged through the store; grouped by hosts.h as every transport's), so shared memory and
+ * the hierarchical split work as over MPI;
  * the cross group is a second Gloo context. Every wait has the deadline given at creation: a peer
  * that dies or stops answering fails the call with CFX_ERR_PEER_LOST.
  * Built only with CONFLUX_WITH_GLOO (CFX_HAVE_GLOO).
@@ -19,17 +20,10 @@
 extern "C" {
 #endif
 
-typedef struct cx_gloo_params {
-    int rank, size;
-    double timeout_s;    /* bounds every transport wait (CFX_TRANSPORT_TIMEOUT_S) */
-    double rendezvous_s; /* bounds the meeting and the mesh's connection (CFX_RENDEZVOUS_TIMEOUT_S) */
-    int test_local_size; /* > 0: pretend hosts of that many consecutive ranks (tests) */
-    int store_on_rank0;  /* rank 0 serves the TCP store (its silence silences the store) */
-} cx_gloo_params;
-
-/* Joins the world through `store` (taken over, also on failure: the transport frees it after every
- * rank is done with it). Collective over the world. */
-cfx_status cx_transport_gloo_create(cx_store *store, const cx_gloo_params *p, cx_transport **out);
+/* The registry's create function (transport.h's contract): joins the world of p->size ranks
+ * through p->store (taken over, also on failure: the transport frees it after every rank is done
+ * with it). Collective over the world. */
+cfx_status cx_transport_gloo_create(const cx_transport_params *p, cx_transport **out);
 
 #ifdef __cplusplus
 }

@@ -430,3 +430,21 @@ cfx_status cx_transport_local_create(cx_local_world *w, int rank, cx_transport *
     *out = &lt->base;
     return CFX_OK;
 }
+
+cfx_status cx_transport_local_open(const cx_transport_params *p, cx_transport **out)
+{
+    *out = NULL;
+    if (p->store)
+        cx_store_destroy(p->store);
+    if (p->size > 1)
+        return cx_fail(CFX_ERR_CONFIG, "the local transport's ranks are threads of one process: a "
+                       "process on its own is a world of one, not rank %d of %d (use mpirun, or a "
+                       "launcher over Gloo)", p->rank, p->size);
+    cx_local_world *w;
+    cfx_status st = cx_local_world_create(1, &w);
+    if (st)
+        return st;
+    st = cx_transport_local_create(w, 0, out);
+    cx_local_world_release(w);
+    return st;
+}

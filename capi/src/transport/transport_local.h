@@ -22,4 +22,8 @@ void cx_local_world_release(cx_local_world *w);
 /* Rank `rank`'s transport on `w` (takes a reference on the world). */
 cfx_status cx_transport_local_create(cx_local_world *w, int rank, cx_transport **out);
 
+/* The registry's create function (transport.h's contract): a world of one (p->size 1 or unset);
+ * thread ranks are made with the two calls above. */
+cfx_status cx_transport_local_open(const cx_transport_params *p, cx_transport **out);
+
 #endif /* CFX_TRANSPORT_LOCAL_H */

@@ -14,8 +14,8 @@
 
 #include "base/dtype.h"
 #include "base/error.h"
-#include "base/launch_env.h"
 #include "kernels/reduce.h"
+#include "transport/hosts.h"
 
 typedef struct mpi_transport {
     cx_transport base;
@@ -581,8 +581,9 @@ static const cx_transport_ops mpi_ops = {
     .destroy = mpi_destroy,
 };
 
-cfx_status cx_transport_mpi_create(int pretend_local_size, cx_transport **out)
+cfx_status cx_transport_mpi_create(const cx_transport_params *p, cx_transport **out)
 {
+    *out = NULL;
     pthread_once(&mpi_once, init_mpi_once);
     if (mpi_init_status)
         return cx_fail((cfx_status)mpi_init_status, "%s", mpi_init_message);
@@ -590,21 +591,39 @@ cfx_status cx_transport_mpi_create(int pretend_local_size, cx_transport **out)
     MPI_Finalized(&finalized);
     if (finalized)
         return cx_fail(CFX_ERR_TRANSPORT, "MPI has already been finalized in this process");
-    double rendezvous_s, deadline_s;
-    cfx_status st = cx_launch_timeouts(NULL, NULL, &rendezvous_s, &deadline_s);
     /* Once per process (every rank makes the same transports in the same order, so the collective
      * matches), so that a give-up on another context's thread reads a settled text. */
     static atomic_int suspects_found;
-    if (!st && !atomic_load(&suspects_found) && !(st = find_suspects()))
+    cfx_status st = CFX_OK;
+    if (!atomic_load(&suspects_found) && !(st = find_suspects()))
         atomic_store(&suspects_found, 1);
     if (st)
         return st;
-    atomic_store(&wait_deadline_s, deadline_s);
+    atomic_store(&wait_deadline_s, p->timeout_s);
     MPI_Comm comm;
     int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm);
     if (rc != MPI_SUCCESS)
         return mpi_error(rc, "MPI_Comm_dup(MPI_COMM_WORLD)");
-    return from_comm(comm, pretend_local_size, out);
+    return from_comm(comm, p->pretend_local_size, out);
+}
+
+/* Every rank's host as the lowest rank of `comm` sharing its memory (Open MPI's notion of a node),
+ * or its pretend host: host_of has `size` entries. */
+static int hosts_of(MPI_Comm comm, int rank, int pretend_local_size, int *host_of, int size)
+{
+    if (pretend_local_size > 0) { /* tests: pretend hosts (cx_transport_mpi_create) */
+        for (int r = 0; r < size; r++)
+            host_of[r] = r / pretend_local_size;
+        return MPI_SUCCESS;
+    }
+    MPI_Comm node;
+    int rc = MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+    if (rc != MPI_SUCCESS)
+        return rc;
+    int lowest = rank;
+    rc = MPI_Allreduce(&rank, &lowest, 1, MPI_INT, MPI_MIN, node);
+    MPI_Comm_free(&node);
+    return rc != MPI_SUCCESS ? rc : MPI_Allgather(&lowest, 1, MPI_INT, host_of, 1, MPI_INT, comm);
 }
 
 /* The transport over `comm` (owned from here on, also on failure). */
@@ -619,26 +638,33 @@ static cfx_status from_comm(MPI_Comm comm, int pretend_local_size, cx_transport 
     m->pretend_local_size = pretend_local_size;
     pthread_mutex_init(&m->split_mu, NULL);
     MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
-    int rc;
     MPI_Comm_rank(m->comm, &m->base.rank);
     MPI_Comm_size(m->comm, &m->base.size);
-        if (pretend_local_size > 0) /* tests: pretend hosts (cx_transport_mpi_create) */
-        rc = MPI_Comm_split(m->comm, m->base.rank / pretend_local_size, m->base.rank, &m->local);
-    else
-        rc = MPI_Comm_split_type(m->comm, MPI_COMM_TYPE_SHARED, m->base.rank, MPI_INFO_NULL, &m->local);
-    if (rc == MPI_SUCCESS) {
-        MPI_Comm_rank(m->local, &m->base.local_rank);
-        MPI_Comm_size(m->local, &m->base.local_size);
-        rc = MPI_Comm_split(m->comm, m->base.local_rank, m->base.rank, &m->cross);
+    /* The grouping every transport shares (hosts.h), over Open MPI's nodes; the communicators
+     * follow it: the host's in rank order, the cross group's in host order. */
+    int *host_of = malloc(sizeof *host_of * (size_t)m->base.size);
+    cx_host_groups g = {0};
+    int rc = host_of ? hosts_of(m->comm, m->base.rank, pretend_local_size, host_of, m->base.size)
+                     : MPI_ERR_NO_MEM;
+    cfx_status st = CFX_OK;
+    if (rc == MPI_SUCCESS &&
+        !(st = cx_host_groups_make(host_of, m->base.size, m->base.rank, &g))) {
+        rc = MPI_Comm_split(m->comm, g.host_index, m->base.rank, &m->local);
+        if (rc == MPI_SUCCESS)
+            rc = MPI_Comm_split(m->comm, g.local_rank, g.cross_rank, &m->cross);
+        if (rc == MPI_SUCCESS)
+            rc = MPI_Comm_dup(m->comm, &m->split_comm);
     }
-    if (rc == MPI_SUCCESS)
-        rc = MPI_Comm_dup(m->comm, &m->split_comm);
-    if (rc != MPI_SUCCESS) {
+    free(host_of);
+    cx_host_groups_free(&g);
+    if (rc != MPI_SUCCESS || st) {
         MPI_Comm_free(&m->comm);
         pthread_mutex_destroy(&m->split_mu);
         free(m);
-        return mpi_error(rc, "splitting the communicator by host");
+        return st ? st : mpi_error(rc, "splitting the communicator by host");
     }
+    MPI_Comm_rank(m->local, &m->base.local_rank);
+    MPI_Comm_size(m->local, &m->base.local_size);
     MPI_Comm_rank(m->cross, &m->base.cross_rank);
     MPI_Comm_size(m->cross, &m->base.cross_size);
     m->base.ops = &mpi_ops;

@@ -76,14 +76,13 @@ def mpi_threads_supported():
 
 
 def mpi_enabled():
-    """Whether this job runs over MPI (started by mpirun in an MPI build)."""
-    import os
-    return bool(_core.features().get("mpi", False)) and (
-        "OMPI_COMM_WORLD_SIZE" in os.environ or "PMI_SIZE" in os.environ)
+    """Whether this job runs over MPI: the engine says its context's transport is MPI."""
+    return _core.is_initialized() and _core.transport_name() == "mpi"
 
 
 def gloo_enabled():
-    return not mpi_enabled()
+    """Whether this job runs over Gloo: the engine says its context's transport is Gloo."""
+    return _core.is_initialized() and _core.transport_name() == "gloo"
 
 
 def start_timeline(file_path, mark_cycles=False):

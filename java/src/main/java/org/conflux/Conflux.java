@@ -482,7 +482,7 @@ public final class Conflux implements AutoCloseable {
         return new Conflux(p);
     }
 
-    /** The library version, "1.3.0". */
+    /** The library version, "1.4.0". */
     public static String version() {
         return ConfluxNative.cfx_version_string();
     }

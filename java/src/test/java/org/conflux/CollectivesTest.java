@@ -44,8 +44,8 @@ class CollectivesTest extends OnSharedContext {
 
     @Test
     void a02_version() {
-        assertEquals(10300, Conflux.versionNumber());
-        assertEquals("1.3.0", Conflux.version());
+        assertEquals(10400, Conflux.versionNumber());
+        assertEquals("1.4.0", Conflux.version());
         assertTrue(Conflux.features().contains(Feature.MPI));
         assertTrue(Conflux.features().contains(Feature.LOCAL));
         assertEquals("mismatch across ranks".isEmpty(), Status.MISMATCH.description().isEmpty());

@@ -1,5 +1,5 @@
 -- Conflux for Lua 5.4. From a source checkout (the folder of CMakeLists.txt):
---   luarocks --lua-version=5.4 make lua/conflux-1.3.0-1.rockspec [--tree DIR]
+--   luarocks --lua-version=5.4 make lua/conflux-1.4.0-1.rockspec [--tree DIR]
 -- builds libconflux and the Lua module with CMake (in build.luarocks/) and installs conflux.lua and
 -- conflux_core.so into the tree; libconflux.so.<ABI> stays in the rock's own folder, where
 -- conflux_core.so finds it (its RUNPATH). Needs a C compiler, CMake >= 3.25, SWIG 4, Lua 5.4 headers
@@ -8,10 +8,10 @@
 -- that this file's name and version match it).
 rockspec_format = "3.0"
 package = "conflux"
-version = "1.3.0-1"
+version = "1.4.0-1"
 source = {
   url = "git+https://localhost/conflux.git",  -- the project's repository
-  tag = "v1.3.0",
+  tag = "v1.4.0",
 }
 description = {
   summary = "Data-parallel training collectives (allreduce, allgather, broadcast, ...) for Lua",

@@ -1,11 +1,12 @@
 /*
- * device_state - what the device modules share (private to exec/device_*.c): this rank's device
- * state (struct cx_device, described in device_exec.h), the staging constants, and the functions
- * one of them offers the others: set-up, ordering, completion and agreement (device_exec.c), the
- * NCCL path (device_nccl.c), the host-staged pipeline (device_staged.c).
+ * device_prims - the device primitives both device paths stand on (private to exec/device_*.c):
+ * this rank's device state (struct cx_device, described in device_exec.h), the staging constants,
+ * and ordering, completion, the device side of the failure agreement, the local checks and the
+ * NCCL communicator's state (abort, loss, its flag in the agreement). Below device_nccl.c and
+ * device_staged.c, which device_exec.c dispatches to: no file of the three calls back up.
  */
-#ifndef CFX_DEVICE_STATE_H
-#define CFX_DEVICE_STATE_H
+#ifndef CFX_DEVICE_PRIMS_H
+#define CFX_DEVICE_PRIMS_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -58,7 +59,7 @@ static inline double device_timeout(const cx_exec *x)
     return x->cfg->stall_timeout_s > 0 ? x->cfg->stall_timeout_s : 600.0;
 }
 
-/* ---- device_exec.c: ordering, completion, agreement ---------------------------------------- */
+/* ---- device_prims.c: ordering, completion, agreement ---------------------------------------- */
 
 /* Conflux's stream waits on every distinct producer stream of the batch: kernels that wrote the
  * tensors before the call finish before Conflux reads them. */
@@ -94,32 +95,8 @@ cfx_status cx_dev_check_local(const cx_device *d, cx_entry *const *entries, size
 cx_cuda_tensor *cx_dev_segments(const cx_allreduce_batch *b, cx_cuda_tensor *stack, size_t cap,
                                 size_t *nseg);
 
-/* ---- device_staged.c: the host-staged pipeline ---------------------------------------------- */
-
-/* Device -> page-locked host -> the host data path -> device, piece by piece through two halves
- * of STAGE_PIECE_BYTES (bounded memory, and the copies of one piece overlap the reduction of the
- * next). A joined rank (no entries) stages nothing and takes part with the identity. */
-cfx_status cx_dev_staged_allreduce(cx_exec *x, cx_device *d, const cx_allreduce_batch *b,
-                                   double *tl);
-
-/* The root copies pieces in, every rank broadcasts them over the host data path, the others copy
- * them out into the tensor. */
-cfx_status cx_dev_staged_broadcast(cx_exec *x, cx_device *d, const cx_response *r, cx_entry *e);
-
-/* Allgather, alltoall, reducescatter: this rank's input comes to host memory (through the
- * page-locked halves: every wait bounded), then the host data path runs on the copy; the outputs
- * Conflux allocates stay in host memory. */
-cfx_status cx_dev_staged_single(cx_exec *x, cx_device *d, const cx_response *r, cx_entry *e);
-
 #if CFX_DEVICE_NCCL
-/* ---- device_nccl.c: the NCCL path ----------------------------------------------------------- */
-
-/* Every rank is ready (the info exchange said so) when this runs. Rank 0 makes the id, the control
- * plane broadcasts it, every rank joins with a deadline (the non-blocking set-up), and one
- * agreement decides: all joined, or every rank aborts its communicator and the job takes the
- * host-staged path. Returns a transport error only; otherwise d->nccl is set or NULL and `why`
- * says why not. */
-cfx_status cx_dev_nccl_setup(cx_exec *x, cx_device *d, char *why, size_t why_len);
+/* ---- the NCCL communicator's state (device_prims.c) ------------------------------------------ */
 
 /* Aborts this rank's communicator now; the next done agreement tells the others. */
 void cx_dev_nccl_abort(cx_device *d);
@@ -129,14 +106,9 @@ void cx_dev_nccl_abort(cx_device *d);
 void cx_dev_nccl_lose(cx_exec *x, cx_device *d, uint32_t flags);
 
 uint32_t cx_dev_nccl_flags(const cx_device *d);
-
-/* Ready agreement; ncclAllReduce and the unpack (postscale, 1/size), all on Conflux's stream;
- * completion; done agreement (which also tells every rank when a communicator failed). */
-cfx_status cx_dev_nccl_allreduce(cx_exec *x, cx_device *d, const cx_allreduce_batch *b, double *tl);
-
-cfx_status cx_dev_nccl_broadcast(cx_exec *x, cx_device *d, const cx_response *r, cx_entry *e);
 #endif /* CFX_DEVICE_NCCL */
+
 
 #endif /* CFX_DEVICE_CUDA */
 
-#endif /* CFX_DEVICE_STATE_H */
+#endif /* CFX_DEVICE_PRIMS_H */
