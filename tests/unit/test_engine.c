@@ -85,11 +85,14 @@ static double expected_value(int size, size_t i, cfx_dtype dtype, cfx_reduce_op 
         }
     }
     if (op == CFX_OP_AVERAGE) {
-        /* Documented: the sum times 1/size, in float32 for the float types narrower than
-         * float64 and in double (then truncated toward zero) for integers. */
+        /* Documented (kernels/reduce.h): the sum times 1/size, in float32 for the half types,
+         * in double and rounded once for float32 and float64, in double (then truncated toward
+         * zero) for integers. */
         double inv = 1.0 / size;
-        if (dtype == CFX_FLOAT16 || dtype == CFX_BFLOAT16 || dtype == CFX_FLOAT32)
+        if (dtype == CFX_FLOAT16 || dtype == CFX_BFLOAT16)
             acc = (double)((float)acc * (float)inv);
+        else if (dtype == CFX_FLOAT32)
+            acc = (double)(float)((double)(float)acc * inv);
         else if (dtype == CFX_FLOAT64)
             acc = acc * inv;
         else
