@@ -6,14 +6,18 @@ tensors, 25.6 M values, 102 MB), summed over the ranks, on the same machine, in 
   conflux_tf      conflux.tensorflow.grouped_allreduce of the list (one fused submission; the TF
                   op library's kernels), inside a tf.function, under mpirun -np N
   conflux_tf_eager  the same, called eagerly
+  c_gradset       the C gradient set's step on the same shapes in the same processes and rounds
+                  (bench/run's conflux_gradset: owned storage, every gradient marked ready from C,
+                  then wait), the reference of the grouped allreduce (target: conflux_tf <= 1.2x)
   mwms_ring       MultiWorkerMirroredStrategy with CommunicationImplementation.RING (gRPC over
                   loopback), replica_context.all_reduce(SUM, list) inside strategy.run, N workers
                   started by this script with TF_CONFIG
 Each worker checks the result once (rank r contributes (r + 1) * (1 + i % 7) in tensor i), warms up,
-then times `--repeats` steps (a barrier-free loop: each step's result is read back, which waits for
-it), and prints its median; this driver prints the medians (max over ranks) and the ratio.
+then times `--repeats` rounds (Conflux's rows interleaved, a barrier before each step; each step's
+result is read back, which waits for it), and prints each row's median; this driver prints the
+medians (max over ranks) and the ratios.
 
-    .venv/bin/python bench/tf_allreduce.py --np 2 [--repeats 10] [--build build-tf]
+    .venv/bin/python bench/tf_allreduce.py --np 2 [--repeats 10] [--build build]
 
 Not a test: numbers depend on the machine and its load.
 """
@@ -60,8 +64,36 @@ def timed(step, repeats, warmup):
     return statistics.median(times)
 
 
+def c_gradset_step(conflux, n):
+    """The C gradient set's step on the same shapes (bench/run's conflux_gradset: a committed owned
+    set, every gradient marked ready last first, then wait; bench/lang's C loop with the GIL
+    released), in this process: the reference of the grouped allreduce."""
+    sys.path.insert(0, os.path.join(HERE, "lang"))
+    import bench_loops  # bench/lang: the C loops (build/bench/lang/libcfx_bench_loops.so)
+    gs = conflux.GradientSet("resnet50.c_gradset", op=conflux.Sum)
+    for i, s in enumerate(shapes()):
+        gs.add("g%d" % i, s)
+    gs.commit()
+    r = conflux.rank()
+    for i, a in enumerate(gs.arrays()):
+        a[...] = (r + 1) * (1 + i % 7)
+    ptr, count = int(gs._native.ptr), len(gs)
+    bench_loops.gradset(ptr, count, 1)
+    tot = n * (n + 1) / 2
+    for i, a in enumerate(gs.arrays()):  # the checked step
+        want = tot * (1 + i % 7)
+        if a.size and abs(float(a.reshape(-1)[-1]) - want) > 1e-3 * want:
+            raise SystemExit("c_gradset: wrong result in tensor %d" % i)
+
+    def step():
+        bench_loops.gradset(ptr, count, 1)
+    step.gradset = gs  # keeps the set alive with the step
+    return step
+
+
 def worker_conflux(args):
     import tensorflow as tf
+    import conflux
     import conflux.tensorflow as cfx
     cfx.init()
     r, n = cfx.rank(), cfx.size()
@@ -76,21 +108,37 @@ def worker_conflux(args):
     def step_eager():
         out = cfx.grouped_allreduce(xs, op=cfx.Sum, name="resnet50.eager")
         out[-1].numpy()
-    cfx.barrier()
-    res = {"conflux_tf": timed(step, args.repeats, 2)}
-    cfx.barrier()
-    res["conflux_tf_eager"] = timed(step_eager, args.repeats, 2)
+    steps = {"conflux_tf": step, "conflux_tf_eager": step_eager}
+    if not args.no_gradset:
+        steps["c_gradset"] = c_gradset_step(conflux, n)
+    # Interleaved rounds, each method once a round after a barrier: the machine's load moves
+    # all of them alike, and the ratios are taken within the same rounds.
+    times = {k: [] for k in steps}
+    for k, f in steps.items():
+        f()
+        f()
+    for _ in range(args.repeats):
+        for k, f in steps.items():
+            cfx.barrier()
+            t0 = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t0)
+    res = {k: statistics.median(v) for k, v in times.items()}
     print("RESULT " + json.dumps({"rank": r, **res}), flush=True)
     cfx.shutdown()
 
 
-def worker_mwms(args):
-    import tensorflow as tf
+def mwms_ring(tf):
+    """MultiWorkerMirroredStrategy with RING collectives from TF_CONFIG: (strategy, rank, size)."""
     opts = tf.distribute.experimental.CommunicationOptions(
         implementation=tf.distribute.experimental.CommunicationImplementation.RING)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=opts)
-    r = strategy.cluster_resolver.task_id
-    n = strategy.num_replicas_in_sync
+    return strategy, strategy.cluster_resolver.task_id, strategy.num_replicas_in_sync
+
+
+def worker_mwms(args):
+    import tensorflow as tf
+    strategy, r, n = mwms_ring(tf)
     xs = tensors(tf, r)
 
     @tf.function
@@ -133,35 +181,36 @@ def results(outputs):
 def env_base(args):
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
+               KERAS_BACKEND="tensorflow", TF_ENABLE_ONEDNN_OPTS="0",
                TF_NUM_INTEROP_THREADS=str(args.threads), TF_NUM_INTRAOP_THREADS=str(args.threads),
                PYTHONPATH=os.path.join(os.path.abspath(args.build), "python"))
     return env
 
 
-def run_conflux(args):
+def launch_conflux(args, script, worker_args):
+    """`script --worker conflux WORKER_ARGS` under mpirun -np args.np; the RESULT rows."""
     env = env_base(args)
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     cmd = ["mpirun", "-np", str(args.np), "--oversubscribe", "--bind-to", "none",
-           sys.executable, os.path.abspath(__file__), "--worker", "conflux",
-           "--repeats", str(args.repeats)]
+           sys.executable, script, "--worker", "conflux"] + worker_args
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     if p.returncode != 0:
         raise SystemExit("conflux workers failed:\n" + p.stdout[-3000:] + p.stderr[-3000:])
     return results([p.stdout])
 
 
-def run_mwms(args):
-    ports = free_ports(args.np)
-    workers = ["127.0.0.1:%d" % p for p in ports]
+def launch_mwms(args, script, worker_args):
+    """args.np processes `script --worker mwms WORKER_ARGS`, each with its TF_CONFIG (a cluster
+    of workers on loopback ports); the RESULT rows."""
+    workers = ["127.0.0.1:%d" % p for p in free_ports(args.np)]
     procs = []
     for i in range(args.np):
         env = env_base(args)
         env["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers},
                                        "task": {"type": "worker", "index": i}})
-        procs.append(subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--worker", "mwms",
-             "--repeats", str(args.repeats)], env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True))
+        procs.append(subprocess.Popen([sys.executable, script, "--worker", "mwms"] + worker_args,
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
     outs = []
     for p in procs:
         out, err = p.communicate(timeout=args.timeout)
@@ -171,16 +220,27 @@ def run_mwms(args):
     return results(outs)
 
 
+def run_conflux(args):
+    return launch_conflux(args, os.path.abspath(__file__), ["--repeats", str(args.repeats)] +
+                          (["--no-gradset"] if args.no_gradset else []))
+
+
+def run_mwms(args):
+    return launch_mwms(args, os.path.abspath(__file__), ["--repeats", str(args.repeats)])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--np", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1, help="TF intra/inter-op threads per worker")
-    ap.add_argument("--build", default=os.path.join(ROOT, "build-tf"),
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"),
                     help="the build folder whose python/ holds conflux")
     ap.add_argument("--timeout", type=float, default=500)
     ap.add_argument("--worker", choices=["conflux", "mwms"], help=argparse.SUPPRESS)
     ap.add_argument("--skip-mwms", action="store_true")
+    ap.add_argument("--no-gradset", action="store_true",
+                    help="no c_gradset row (needs build/bench/lang's libcfx_bench_loops.so)")
     args = ap.parse_args()
     if args.worker == "conflux":
         return worker_conflux(args)
@@ -197,6 +257,9 @@ def main():
     if "mwms_ring" in rows:
         for k in ("conflux_tf", "conflux_tf_eager"):
             print("ratio %s / mwms_ring = %.3f" % (k, rows[k] / rows["mwms_ring"]))
+    if "c_gradset" in rows:
+        for k in ("conflux_tf", "conflux_tf_eager"):
+            print("ratio %s / c_gradset = %.3f (target <= 1.2)" % (k, rows[k] / rows["c_gradset"]))
 
 
 if __name__ == "__main__":

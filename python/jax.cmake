@@ -36,7 +36,8 @@ else()
 endif()
 set(CONFLUX_WITH_JAX_ENABLED ${CONFLUX_WITH_JAX_ENABLED} PARENT_SCOPE)
 
-# ---- tests: python/tests/jax under mpirun at 2 and 3 ranks, and under cfxrun --transport gloo at 2 ----
+# ---- tests: python/tests/jax under mpirun at 2 and 3 ranks, and under cfxrun --transport gloo at 2;
+# elastic_driver.py's job under cfxrun --elastic ----
 # Registered whether or not the handlers were built: without them the tests skip with the reason.
 if(BUILD_TESTING)
   set(_cfx_jax_env ${_cfx_py_env} CFX_STALL_TIMEOUT_S=60
@@ -54,9 +55,19 @@ if(BUILD_TESTING)
       set_property(TEST python_jax_np${_np} APPEND PROPERTY LABELS "python;jax")
     endforeach()
   endif()
+  # Under Gloo the collectives and the training (the launcher and transport are what differ;
+  # gradients, process sets and the elastic state's unit tests run under mpirun above).
   add_test(NAME python_jax_cfxrun_np2
            COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/cfxrun -np 2 --transport gloo --timeout 150
-                   ${_cfx_pytest} -rs ${_cfx_jax_tests})
+                   ${_cfx_pytest} -rs ${_cfx_jax_tests}/test_collectives.py
+                   ${_cfx_jax_tests}/test_train.py)
   set_tests_properties(python_jax_cfxrun_np2 PROPERTIES LABELS "python;jax" TIMEOUT 180
                        PROCESSORS 2 ENVIRONMENT "${CFX_MPI_ENV};${_cfx_jax_env}")
+  # An elastic job that loses one of its 3 workers and goes on (cfxrun --elastic: Gloo only).
+  if(CONFLUX_WITH_GLOO_ENABLED)
+    add_test(NAME python_jax_elastic
+             COMMAND ${Python3_EXECUTABLE} ${_cfx_jax_tests}/elastic_driver.py)
+    set_tests_properties(python_jax_elastic PROPERTIES LABELS "python;jax;elastic" TIMEOUT 240
+                         PROCESSORS 3 SKIP_RETURN_CODE 77 ENVIRONMENT "${_cfx_jax_env}")
+  endif()
 endif()

@@ -74,7 +74,8 @@ else()
 endif()
 set(CONFLUX_WITH_TENSORFLOW_ENABLED ${CONFLUX_WITH_TENSORFLOW_ENABLED} PARENT_SCOPE)
 
-# ---- tests: python/tests/tensorflow under mpirun at 2 and 3 ranks, and under cfxrun (Gloo) at 2 ----
+# ---- tests: python/tests/tensorflow under mpirun and under cfxrun (Gloo) at 2 and 3 ranks; Horovod's
+# TF2 examples at 2; elastic Keras under cfxrun --elastic ----
 # Registered whether or not the op library was built: without it the tests skip with the reason.
 if(BUILD_TESTING)
   set(_cfx_tf_env ${_cfx_py_env} CFX_STALL_TIMEOUT_S=60
@@ -93,9 +94,31 @@ if(BUILD_TESTING)
       set_property(TEST python_tensorflow_np${_np} APPEND PROPERTY LABELS "python;tensorflow")
     endforeach()
   endif()
-  add_test(NAME python_tensorflow_cfxrun_np2
-           COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/cfxrun -np 2 --transport gloo --timeout 170
-                   ${_cfx_pytest} -rs ${_cfx_tf_tests})
-  set_tests_properties(python_tensorflow_cfxrun_np2 PROPERTIES LABELS "python;tensorflow" TIMEOUT 180
-                       PROCESSORS 2 ENVIRONMENT "${CFX_MPI_ENV};${_cfx_tf_env}")
+  # Horovod's TF2 examples (python/tests/tensorflow_scripts/horovod_examples) at 2 ranks, MPI.
+  # Two small trainings (about a minute on 2 idle cores): mpirun's limit above cfx_add_mpi_test's.
+  if(CONFLUX_WITH_MPI_ENABLED)
+    add_test(NAME python_tensorflow_horovod_examples_np2
+             COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --timeout 280 ${MPIEXEC_PREFLAGS}
+                     ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/tests/tensorflow_scripts/run_horovod_example.py
+                     synthetic mnist ${MPIEXEC_POSTFLAGS})
+    set_tests_properties(python_tensorflow_horovod_examples_np2 PROPERTIES LABELS "python;tensorflow"
+                         TIMEOUT 300 PROCESSORS 2 SKIP_RETURN_CODE 77
+                         ENVIRONMENT "${CFX_MPI_ENV};${_cfx_tf_env}")
+  endif()
+  # Elastic Keras under cfxrun --elastic (Gloo: an MPI world cannot shrink): a rank is lost and
+  # the survivors finish with the fixed-world reference's weights.
+  if(CONFLUX_WITH_GLOO_ENABLED)
+    add_test(NAME python_tensorflow_elastic
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/tests/tensorflow_scripts/check_elastic_keras.py)
+    set_tests_properties(python_tensorflow_elastic PROPERTIES LABELS "python;tensorflow;elastic"
+                         TIMEOUT 300 PROCESSORS 2 SKIP_RETURN_CODE 77
+                         ENVIRONMENT "${_cfx_tf_env}")
+  endif()
+  foreach(_np 2 3)  # the Gloo transport at the same sizes as MPI's
+    add_test(NAME python_tensorflow_cfxrun_np${_np}
+             COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/tools/cfxrun -np ${_np} --transport gloo
+                     --timeout 230 ${_cfx_pytest} -rs ${_cfx_tf_tests})
+    set_tests_properties(python_tensorflow_cfxrun_np${_np} PROPERTIES LABELS "python;tensorflow"
+                         TIMEOUT 240 PROCESSORS ${_np} ENVIRONMENT "${CFX_MPI_ENV};${_cfx_tf_env}")
+  endforeach()
 endif()

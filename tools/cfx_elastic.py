@@ -3,8 +3,10 @@
 elastic flags and meanings. It serves the job's rendezvous store, starts workers on the hosts it is
 given or discovers, reports a worker that died as gone (so the next membership round does not wait
 for it), starts workers on hosts the discovery script adds, blacklists a host whose worker failed
-(for a cooldown drawn from --blacklist-cooldown-range), and ends with one clear last line when the
-job cannot go on: fewer than the minimum, every host blacklisted, or the reset limit reached.
+(for a cooldown drawn from --blacklist-cooldown-range) and stops its other workers there, so the
+host leaves the world whole at the next round (as Horovod's driver does), and ends with one clear
+last line when the job cannot go on: fewer than the minimum, every host blacklisted, or the reset
+limit reached.
 
 Workers on this machine's names (localhost, 127.0.0.1, its host name) are its child processes;
 workers on other hosts are started through the launch agent (OMPI_MCA_plm_rsh_agent or
@@ -69,6 +71,9 @@ def parse_args(argv):
         if a == "--":
             i += 1
             break
+        if a in ("-h", "--help"):
+            sys.stdout.write(cfxrun.HELP)  # its --elastic section lists these flags
+            sys.exit(0)
         if i + 1 >= len(argv):
             fail("%s needs a value\n%s" % (a, USAGE))
         if a in names:
@@ -308,6 +313,8 @@ class Driver:
 
     def reap(self, now):
         for wid, (p, host, _) in list(self.workers.items()):
+            if wid not in self.workers:
+                continue  # stopped with its host (stop_host) in this pass
             rc = p.poll()
             if rc is None:
                 continue
@@ -329,6 +336,22 @@ class Driver:
                                                   else " for %.1f s" % cooldown))
             if self.succeeded_at is None:
                 self.resets += 1
+            self.stop_host(host, wid)
+
+    def stop_host(self, host, failed):
+        """The blacklisted host leaves the world whole, as Horovod's driver has it: its other
+        workers are marked gone (the next round does not wait for them) and stopped."""
+        for wid, (p, h, _) in sorted(self.workers.items()):
+            if h != host:
+                continue
+            sys.stderr.write("cfx_elastic: stopping worker id %d on host %s: its host is "
+                             "blacklisted (worker id %d failed), so it leaves the world with "
+                             "it\n" % (wid, host, failed))
+            self.mark_gone(wid)
+            p.kill()
+            p.wait()
+            del self.workers[wid]
+            self.stopped.append(wid)
 
     def run(self):
         o = self.opts

@@ -119,6 +119,13 @@
 %ignore cfx_elastic_init;
 %ignore cfx_context_reform;
 %ignore cfx_membership_pending;
+/* A group's context over a store the caller hands in: cfxj_store_new wraps a Java Store (through
+ * the package-private StoreBridge) in the C callbacks, cfxj_init_group joins with them. Raw, the
+ * callbacks struct would be function pointers Java cannot make. */
+%ignore CFX_STORE_CALLBACKS_VERSION;
+%ignore cfx_store_callbacks;
+%ignore cfx_init_with_store;
+%ignore cfx_init_group;
 
 /* ---- Helpers ------------------------------------------------------------------------------ */
 
@@ -582,6 +589,169 @@ int cfxj_gradset_wait(int64_t set, double timeout_s) {
 
 void cfxj_gradset_free(int64_t set) { cfx_gradset_free(cfxj_ptr(set)); }
 
+%}
+
+/* ---- a store handed in from Java (Conflux.initGroup, Store.java) ---- */
+
+%{
+/* The callbacks of cfx_init_group over a Java StoreBridge (a global reference), with the method
+ * ids and String class cached at creation: the engine calls them from the thread in cfx_init_group
+ * and may call them from its own threads, whose class loader would not find org.conflux (Spark
+ * loads it from --jars). A thread the JVM does not know is attached for the one call and detached
+ * again. Freed (cfxj_store_free) only after the context that uses it. */
+typedef struct cfxj_store {
+    cfx_store_callbacks cb;
+    JavaVM *vm;
+    jobject bridge;
+    jclass string_class;
+    jmethodID set, get, wait;
+} cfxj_store;
+
+/* This thread's JNIEnv with a local frame of `locals` references; *attached says whether the
+ * thread was attached here (cfxj_store_leave detaches it). NULL when the JVM refuses. */
+static JNIEnv *cfxj_store_enter(cfxj_store *s, jint locals, int *attached) {
+    JNIEnv *env = NULL;
+    jint r = (*s->vm)->GetEnv(s->vm, (void **)&env, JNI_VERSION_1_8);
+    *attached = 0;
+    if (r == JNI_EDETACHED) {
+        if ((*s->vm)->AttachCurrentThreadAsDaemon(s->vm, (void **)&env, NULL) != JNI_OK) return NULL;
+        *attached = 1;
+    } else if (r != JNI_OK) {
+        return NULL;
+    }
+    if ((*env)->PushLocalFrame(env, locals) != 0) {
+        (*env)->ExceptionClear(env);
+        if (*attached) (*s->vm)->DetachCurrentThread(s->vm);
+        return NULL;
+    }
+    return env;
+}
+
+/* Ends a call: an exception the bridge let through becomes `failed` (StoreBridge keeps the
+ * Java exception for the message). */
+static int cfxj_store_leave(cfxj_store *s, JNIEnv *env, int attached, int rc, int failed) {
+    if ((*env)->ExceptionCheck(env)) {
+        (*env)->ExceptionClear(env);
+        rc = failed;
+    }
+    (*env)->PopLocalFrame(env, NULL);
+    if (attached) (*s->vm)->DetachCurrentThread(s->vm);
+    return rc;
+}
+
+static int cfxj_store_set(void *user, const char *key, const void *data, size_t len) {
+    cfxj_store *s = user;
+    int attached, rc = -1;
+    JNIEnv *env = cfxj_store_enter(s, 8, &attached);
+    jstring k;
+    jbyteArray v;
+    if (!env) return -1;
+    k = (*env)->NewStringUTF(env, key);
+    v = k && len <= 0x7fffffff ? (*env)->NewByteArray(env, (jsize)len) : NULL;
+    if (v) {
+        (*env)->SetByteArrayRegion(env, v, 0, (jsize)len, (const jbyte *)data);
+        rc = (*env)->CallIntMethod(env, s->bridge, s->set, k, v);
+    }
+    return cfxj_store_leave(s, env, attached, rc, -1);
+}
+
+static int cfxj_store_get(void *user, const char *key, void *buf, size_t cap, size_t *len) {
+    cfxj_store *s = user;
+    int attached, rc = -1;
+    JNIEnv *env = cfxj_store_enter(s, 8, &attached);
+    jstring k;
+    jbyteArray v = NULL;
+    if (!env) return -1;
+    k = (*env)->NewStringUTF(env, key);
+    if (k) v = (jbyteArray)(*env)->CallObjectMethod(env, s->bridge, s->get, k);
+    if (v && !(*env)->ExceptionCheck(env)) {
+        jsize n = (*env)->GetArrayLength(env, v);
+        *len = (size_t)n;
+        (*env)->GetByteArrayRegion(env, v, 0, (jsize)((size_t)n < cap ? (size_t)n : cap), (jbyte *)buf);
+        rc = 0;
+    }
+    return cfxj_store_leave(s, env, attached, rc, -1);
+}
+
+static int cfxj_store_wait(void *user, const char *const *keys, size_t n, double timeout_s) {
+    cfxj_store *s = user;
+    int attached, rc = -1;
+    JNIEnv *env;
+    jobjectArray arr;
+    size_t i;
+    if (n > 0x7ffffff0) return -1;
+    env = cfxj_store_enter(s, (jint)n + 8, &attached);
+    if (!env) return -1;
+    arr = (*env)->NewObjectArray(env, (jsize)n, s->string_class, NULL);
+    for (i = 0; arr && i < n; i++) {
+        jstring k = (*env)->NewStringUTF(env, keys[i]);
+        if (!k) {
+            arr = NULL;
+            break;
+        }
+        (*env)->SetObjectArrayElement(env, arr, (jsize)i, k);
+    }
+    if (arr) rc = (*env)->CallIntMethod(env, s->bridge, s->wait, arr, timeout_s);
+    return cfxj_store_leave(s, env, attached, rc, -1);
+}
+%}
+
+%inline %{
+/* Wraps a StoreBridge in store callbacks; 0 after recording the status. */
+int64_t cfxj_store_new(JNIEnv *jenv, jobject bridge) {
+    cfxj_store *s = calloc(1, sizeof *s);
+    jclass cls, str;
+    if (!s || !bridge || (*jenv)->GetJavaVM(jenv, &s->vm) != JNI_OK) {
+        free(s);
+        cfxj_set_status(bridge ? CFX_ERR_OUT_OF_MEMORY : CFX_ERR_INVALID_ARGUMENT);
+        return 0;
+    }
+    cls = (*jenv)->GetObjectClass(jenv, bridge);
+    str = (*jenv)->FindClass(jenv, "java/lang/String");
+    s->set = cls ? (*jenv)->GetMethodID(jenv, cls, "set", "(Ljava/lang/String;[B)I") : NULL;
+    s->get = s->set ? (*jenv)->GetMethodID(jenv, cls, "get", "(Ljava/lang/String;)[B") : NULL;
+    s->wait = s->get ? (*jenv)->GetMethodID(jenv, cls, "await", "([Ljava/lang/String;D)I") : NULL;
+    s->bridge = s->wait && str ? (*jenv)->NewGlobalRef(jenv, bridge) : NULL;
+    s->string_class = s->bridge ? (jclass)(*jenv)->NewGlobalRef(jenv, str) : NULL;
+    if (!s->string_class) {
+        (*jenv)->ExceptionClear(jenv);
+        if (s->bridge) (*jenv)->DeleteGlobalRef(jenv, s->bridge);
+        free(s);
+        cfxj_set_status(CFX_ERR_INTERNAL);
+        return 0;
+    }
+    s->cb.version = CFX_STORE_CALLBACKS_VERSION;
+    s->cb.user = s;
+    s->cb.set = cfxj_store_set;
+    s->cb.get = cfxj_store_get;
+    s->cb.wait = cfxj_store_wait;
+    return (int64_t)(intptr_t)s;
+}
+
+void cfxj_store_free(JNIEnv *jenv, int64_t store) {
+    cfxj_store *s = cfxj_ptr(store);
+    if (!s) return;
+    (*jenv)->DeleteGlobalRef(jenv, s->bridge);
+    (*jenv)->DeleteGlobalRef(jenv, s->string_class);
+    free(s);
+}
+
+/* cfx_init_group with the options (freed here) and a store from cfxj_store_new; NULL on failure,
+ * after recording the status. */
+cfx_context *cfxj_init_group(int64_t options, int64_t store, int32_t rank, int32_t size) {
+    cfx_context *ctx = NULL;
+    cfxj_store *s = cfxj_ptr(store);
+    cfx_status st = cfx_init_group(cfxj_ptr(options), &s->cb, rank, size, &ctx);
+    free(cfxj_ptr(options));
+    if (st != CFX_OK) {
+        cfxj_set_status(st);
+        return NULL;
+    }
+    return ctx;
+}
+%}
+
+%inline %{
 /* cfx_context_create_subset over `ranks` (Conflux.subset): the new context, or NULL; the status
  * is recorded either way, so NULL with CFX_OK means this rank is not listed. */
 cfx_context *cfxj_subset(JNIEnv *jenv, cfx_context *ctx, jintArray ranks) {

@@ -1,9 +1,11 @@
 // XLA FFI handlers of conflux.jax: the custom calls a jitted (or eager) JAX program runs for
 // Conflux's collectives, straight into the C ABI on the job's context. Owns: the handlers
 // (cfx_jax_allreduce, _allgather, _broadcast, _alltoall, _reducescatter, _barrier), the mapping of
-// XLA's element types onto cfx_dtype, and the one pointer to the context they use, set by
-// cfx_jax_set_context() from conflux.jax's init() (conflux/_jax_primitive.py loads this library with
-// ctypes and registers the handlers with jax.ffi). Called by XLA's CPU runtime on its threads.
+// XLA's element types onto cfx_dtype, the one pointer to the context they use, set by
+// cfx_jax_set_context() from conflux.jax's init(), and the process sets' contexts by number, set
+// by cfx_jax_set_subset() from conflux.jax.ProcessSet. conflux/_jax_primitive.py loads this
+// library with ctypes and registers the handlers with jax.ffi. Called by XLA's CPU runtime on its
+// threads.
 //
 // Every handler takes an ordered-effect token first and returns one first: conflux.jax threads
 // JAX's ordered effect through them so they run in program order, the same order on every rank,
@@ -12,12 +14,18 @@
 //
 // The context pointer is process-wide state on purpose: XLA keeps compiled programs across
 // conflux.jax.shutdown()/init(), so they must find the context through the library, not through
-// a value baked into the program. It is an atomic, set and cleared by conflux.jax only.
+// a value baked into the program. It is an atomic, set and cleared by conflux.jax only. Process
+// sets (conflux.jax.ProcessSet) are found the same way: a program carries the set's number (the
+// attribute "set", 0 for the job's context), the library maps it to the set's subset context
+// while the set lives (cfx_jax_set_subset), and a set freed or a job shut down makes a program
+// that still names it fail with a message instead of touching a freed context.
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "conflux/conflux.h"
@@ -28,6 +36,8 @@ namespace ffi = xla::ffi;
 namespace {
 
 std::atomic<cfx_context *> g_ctx{nullptr};
+std::mutex g_sets_mu;
+std::unordered_map<int32_t, cfx_context *> g_sets; // process set number -> its subset context
 
 // "conflux.jax.allreduce of 'w'" / "conflux.jax.allreduce": what every message starts with.
 std::string what(std::string_view op, std::string_view label) {
@@ -83,13 +93,23 @@ ffi::ErrorOr<Described> describe(const ffi::AnyBuffer &b, std::string_view op,
     return d;
 }
 
-ffi::ErrorOr<cfx_context *> context(std::string_view op, std::string_view label) {
+// The context of process set `set` (0: the job's).
+ffi::ErrorOr<cfx_context *> context(std::string_view op, std::string_view label, int32_t set) {
     cfx_context *ctx = g_ctx.load(std::memory_order_acquire);
     if (ctx == nullptr)
         return ffi::Unexpected(ffi::Error(
             ffi::ErrorCode::kFailedPrecondition,
             what(op, label) + ": Conflux is not initialized; call conflux.jax.init() first"));
-    return ctx;
+    if (set == 0)
+        return ctx;
+    std::lock_guard<std::mutex> lock(g_sets_mu);
+    auto it = g_sets.find(set);
+    if (it == g_sets.end())
+        return ffi::Unexpected(ffi::Error(
+            ffi::ErrorCode::kFailedPrecondition,
+            what(op, label) + ": its process set was freed (or Conflux shut down since it was "
+                              "created); create the conflux.jax.ProcessSet again"));
+    return it->second;
 }
 
 // The engine's name for a collective: NULL (named by submission order) for "".
@@ -149,9 +169,9 @@ ffi::Error finish(cfx_context *ctx, cfx_handle h, std::string_view op, std::stri
 ffi::Error allreduce_impl(ffi::Token, ffi::RemainingArgs args, ffi::Result<ffi::Token>,
                           ffi::RemainingRets rets, int32_t op, double prescale, double postscale,
                           int32_t compression, std::string_view name_attr,
-                          std::string_view label) {
+                          std::string_view label, int32_t set) {
     const char *opname = args.size() > 1 ? "grouped_allreduce" : "allreduce";
-    auto ctx = context(opname, label);
+    auto ctx = context(opname, label, set);
     if (ctx.has_error())
         return ctx.error();
     size_t n = args.size();
@@ -217,8 +237,8 @@ ffi::Error allreduce_impl(ffi::Token, ffi::RemainingArgs args, ffi::Result<ffi::
 // ---- allgather: equal dim 0 on every rank (the static output is size x the input) ----
 ffi::Error allgather_impl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                           ffi::Result<ffi::AnyBuffer> out, std::string_view name_attr,
-                          std::string_view label) {
-    auto ctx = context("allgather", label);
+                          std::string_view label, int32_t set) {
+    auto ctx = context("allgather", label, set);
     if (ctx.has_error())
         return ctx.error();
     auto d = describe(x, "allgather", label);
@@ -238,8 +258,8 @@ ffi::Error allgather_impl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
 // ---- broadcast: root's array into every rank's output ----
 ffi::Error broadcast_impl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                           ffi::Result<ffi::AnyBuffer> out, int32_t root, std::string_view name_attr,
-                          std::string_view label) {
-    auto ctx = context("broadcast", label);
+                          std::string_view label, int32_t set) {
+    auto ctx = context("broadcast", label, set);
     if (ctx.has_error())
         return ctx.error();
     auto d = describe(x, "broadcast", label);
@@ -260,8 +280,8 @@ ffi::Error broadcast_impl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
 // ---- alltoall: dim 0 split equally (the static output has the input's shape) ----
 ffi::Error alltoall_impl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                          ffi::Result<ffi::AnyBuffer> out, std::string_view name_attr,
-                         std::string_view label) {
-    auto ctx = context("alltoall", label);
+                         std::string_view label, int32_t set) {
+    auto ctx = context("alltoall", label, set);
     if (ctx.has_error())
         return ctx.error();
     auto d = describe(x, "alltoall", label);
@@ -281,8 +301,8 @@ ffi::Error alltoall_impl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
 ffi::Error reducescatter_impl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Token>,
                               ffi::Result<ffi::AnyBuffer> out, int32_t op, double prescale,
                               double postscale, std::string_view name_attr,
-                              std::string_view label) {
-    auto ctx = context("reducescatter", label);
+                              std::string_view label, int32_t set) {
+    auto ctx = context("reducescatter", label, set);
     if (ctx.has_error())
         return ctx.error();
     auto d = describe(x, "reducescatter", label);
@@ -298,8 +318,8 @@ ffi::Error reducescatter_impl(ffi::Token, ffi::AnyBuffer x, ffi::Result<ffi::Tok
     return finish(*ctx, h, "reducescatter", label, out->untyped_data(), out->size_bytes());
 }
 
-ffi::Error barrier_impl(ffi::Token, ffi::Result<ffi::Token>) {
-    auto ctx = context("barrier", "");
+ffi::Error barrier_impl(ffi::Token, ffi::Result<ffi::Token>, int32_t set) {
+    auto ctx = context("barrier", "", set);
     if (ctx.has_error())
         return ctx.error();
     cfx_handle h = 0;
@@ -315,8 +335,21 @@ ffi::Error barrier_impl(ffi::Token, ffi::Result<ffi::Token>) {
 
 // Sets (or, with NULL, clears) the context every handler uses: conflux.jax passes the address of
 // conflux._core's cfx_context at init() and NULL at shutdown().
+// Every process set is forgotten with it: a new or no context ends the sets of the old one.
 extern "C" CFX_JAX_EXPORT void cfx_jax_set_context(void *ctx) {
+    std::lock_guard<std::mutex> lock(g_sets_mu);
+    g_sets.clear();
     g_ctx.store(static_cast<cfx_context *>(ctx), std::memory_order_release);
+}
+
+// Maps process set number `set` (> 0) to its subset context, or forgets it (NULL): conflux.jax's
+// ProcessSet calls it when the set is made (on its members) and freed.
+extern "C" CFX_JAX_EXPORT void cfx_jax_set_subset(int32_t set, void *ctx) {
+    std::lock_guard<std::mutex> lock(g_sets_mu);
+    if (ctx == nullptr)
+        g_sets.erase(set);
+    else
+        g_sets[set] = static_cast<cfx_context *>(ctx);
 }
 
 extern "C" CFX_JAX_EXPORT void *cfx_jax_context(void) { return g_ctx.load(); }
@@ -337,7 +370,8 @@ CFX_JAX_HANDLER(cfx_jax_allreduce, allreduce_impl,
                     .Attr<double>("postscale")
                     .Attr<int32_t>("compression")
                     .Attr<std::string_view>("name")
-                    .Attr<std::string_view>("label"));
+                    .Attr<std::string_view>("label")
+                    .Attr<int32_t>("set"));
 
 // The binding of a one-array collective: the effect's token and the array in, the token and the
 // result out (the attributes follow, in the order of the handler's parameters).
@@ -347,16 +381,23 @@ static auto one_array()
 }
 
 CFX_JAX_HANDLER(cfx_jax_allgather, allgather_impl,
-                one_array().Attr<std::string_view>("name").Attr<std::string_view>("label"));
+                one_array()
+                    .Attr<std::string_view>("name")
+                    .Attr<std::string_view>("label")
+                    .Attr<int32_t>("set"));
 
 CFX_JAX_HANDLER(cfx_jax_broadcast, broadcast_impl,
                 one_array()
                     .Attr<int32_t>("root")
                     .Attr<std::string_view>("name")
-                    .Attr<std::string_view>("label"));
+                    .Attr<std::string_view>("label")
+                    .Attr<int32_t>("set"));
 
 CFX_JAX_HANDLER(cfx_jax_alltoall, alltoall_impl,
-                one_array().Attr<std::string_view>("name").Attr<std::string_view>("label"));
+                one_array()
+                    .Attr<std::string_view>("name")
+                    .Attr<std::string_view>("label")
+                    .Attr<int32_t>("set"));
 
 CFX_JAX_HANDLER(cfx_jax_reducescatter, reducescatter_impl,
                 one_array()
@@ -364,7 +405,8 @@ CFX_JAX_HANDLER(cfx_jax_reducescatter, reducescatter_impl,
                     .Attr<double>("prescale")
                     .Attr<double>("postscale")
                     .Attr<std::string_view>("name")
-                    .Attr<std::string_view>("label"));
+                    .Attr<std::string_view>("label")
+                    .Attr<int32_t>("set"));
 
 CFX_JAX_HANDLER(cfx_jax_barrier, barrier_impl,
-                ffi::Ffi::Bind().Arg<ffi::Token>().Ret<ffi::Token>());
+                ffi::Ffi::Bind().Arg<ffi::Token>().Ret<ffi::Token>().Attr<int32_t>("set"));

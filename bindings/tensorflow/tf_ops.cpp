@@ -4,7 +4,8 @@
 // CfxBroadcast, CfxAlltoall, CfxReducescatter, CfxJoin, CfxBarrier, CfxRank, CfxSize,
 // CfxLocalRank, CfxLocalSize), their CPU kernels, the mapping of TF dtypes onto cfx_dtype and of
 // cfx_status onto TF status codes, the one waiter thread that completes every kernel, and the
-// pointer to the context they use (set by cfx_tf_set_context() from conflux.tensorflow.init()).
+// pointer to the context they use (set by cfx_tf_set_context() from conflux.tensorflow.init())
+// with the process sets' contexts (cfx_tf_set_process_set()).
 // Loaded twice by conflux/tensorflow/_ops.py: tf.load_op_library (the ops) and ctypes (the
 // extern "C" functions at the end); both resolve to the same loaded object.
 //
@@ -31,6 +32,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "conflux/conflux.h"
@@ -50,6 +52,12 @@ using tf::shape_inference::InferenceContext;
 namespace {
 
 std::atomic<cfx_context *> g_ctx{nullptr};
+
+// Process sets: id -> the set's subset context (conflux.process_sets.Subset), registered by
+// conflux.tensorflow when an op for the set is made and cleared when the set is removed. The id is
+// an op attr (Horovod's process_set_id), so a traced graph finds the set's current context.
+std::mutex g_sets_mu;
+std::unordered_map<int64_t, cfx_context *> g_sets;
 
 // ---- statuses and dtypes ----
 
@@ -268,6 +276,8 @@ class CfxKernel : public tf::AsyncOpKernel {
     CfxKernel(tf::OpKernelConstruction *c, const char *op) : tf::AsyncOpKernel(c), op_(op) {
         if (c->HasAttr("tensor_name"))
             OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name_));
+        if (c->HasAttr("process_set_id"))
+            OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &process_set_id_));
         what_ = std::string("conflux.tensorflow.") + op_;
         if (!tensor_name_.empty())
             what_ += " of '" + tensor_name_ + "'";
@@ -276,12 +286,27 @@ class CfxKernel : public tf::AsyncOpKernel {
   protected:
     const char *engine_name() const { return tensor_name_.empty() ? nullptr : tensor_name_.c_str(); }
 
-    // The context, or fails the kernel (and calls done) and returns NULL.
+    // The context (the process set's, for a set), or fails the kernel (and calls done) and
+    // returns NULL.
     cfx_context *context(tf::OpKernelContext *c, const DoneCallback &done) {
         cfx_context *ctx = g_ctx.load(std::memory_order_acquire);
         if (ctx == nullptr) {
             c->SetStatus(absl::FailedPreconditionError(
                 what_ + ": Conflux is not initialized; call conflux.tensorflow.init() first"));
+            done();
+            return nullptr;
+        }
+        if (process_set_id_ == 0)
+            return ctx;
+        {
+            std::lock_guard<std::mutex> lk(g_sets_mu);
+            auto it = g_sets.find(process_set_id_);
+            ctx = it == g_sets.end() ? nullptr : it->second;
+        }
+        if (ctx == nullptr) {
+            c->SetStatus(absl::FailedPreconditionError(
+                what_ + ": process set " + std::to_string(process_set_id_) +
+                " is not registered on this rank (removed, or this rank is not in it)"));
             done();
         }
         return ctx;
@@ -341,6 +366,7 @@ class CfxKernel : public tf::AsyncOpKernel {
     std::string tensor_name_;
     std::string what_;
     const char *op_;
+    int64_t process_set_id_ = 0;
 };
 
 // The reduction attrs shared by allreduce, grouped allreduce and reducescatter.
@@ -660,6 +686,7 @@ REGISTER_OP("CfxAllreduce")
     .Attr("postscale_factor: float = 1.0")
     .Attr("compression: int = 0")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .Input("tensor: T")
     .Output("sum: T")
     .SetIsStateful()
@@ -672,6 +699,7 @@ REGISTER_OP("CfxGroupedAllreduce")
     .Attr("postscale_factor: float = 1.0")
     .Attr("compression: int = 0")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .Input("tensors: T")
     .Output("sums: T")
     .SetIsStateful()
@@ -684,6 +712,7 @@ REGISTER_OP("CfxGroupedAllreduce")
 REGISTER_OP("CfxAllgather")
     .Attr("T: " CFX_TF_TYPES)
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .Input("tensor: T")
     .Output("output: T")
     .SetIsStateful()
@@ -693,6 +722,7 @@ REGISTER_OP("CfxBroadcast")
     .Attr("T: " CFX_TF_TYPES)
     .Attr("root_rank: int")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .Input("tensor: T")
     .Output("output: T")
     .SetIsStateful()
@@ -701,6 +731,7 @@ REGISTER_OP("CfxBroadcast")
 REGISTER_OP("CfxAlltoall")
     .Attr("T: " CFX_TF_TYPES)
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .Input("tensor: T")
     .Input("splits: int64")
     .Output("output: T")
@@ -718,13 +749,17 @@ REGISTER_OP("CfxReducescatter")
     .Attr("prescale_factor: float = 1.0")
     .Attr("postscale_factor: float = 1.0")
     .Attr("tensor_name: string = ''")
+    .Attr("process_set_id: int = 0")
     .Input("tensor: T")
     .Output("output: T")
     .SetIsStateful()
     .SetShapeFn(unknown_first_dim);
 
 REGISTER_OP("CfxJoin").Output("last_joined_rank: int32").SetIsStateful().SetShapeFn(scalar_shape);
-REGISTER_OP("CfxBarrier").SetIsStateful().SetShapeFn(tf::shape_inference::NoOutputs);
+REGISTER_OP("CfxBarrier")
+    .Attr("process_set_id: int = 0")
+    .SetIsStateful()
+    .SetShapeFn(tf::shape_inference::NoOutputs);
 REGISTER_OP("CfxRank").Output("rank: int32").SetIsStateful().SetShapeFn(scalar_shape);
 REGISTER_OP("CfxSize").Output("size: int32").SetIsStateful().SetShapeFn(scalar_shape);
 REGISTER_OP("CfxLocalRank").Output("local_rank: int32").SetIsStateful().SetShapeFn(scalar_shape);
@@ -758,6 +793,15 @@ CFX_TF_EXPORT int cfx_tf_quiesce(double timeout_s) {
     if (ctx != nullptr)
         cfx_shutdown(ctx);
     return Waiter::get().drain(timeout_s) ? 1 : 0;
+}
+
+// Registers (or, with NULL, forgets) the context of process set `id` (> 0).
+CFX_TF_EXPORT void cfx_tf_set_process_set(int64_t id, void *ctx) {
+    std::lock_guard<std::mutex> lk(g_sets_mu);
+    if (ctx == nullptr)
+        g_sets.erase(id);
+    else
+        g_sets[id] = static_cast<cfx_context *>(ctx);
 }
 
 // The tensorflow version this library was compiled against (tf.__version__ at build time).

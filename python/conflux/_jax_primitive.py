@@ -44,6 +44,8 @@ else:
 if _lib is not None:
     _lib.cfx_jax_set_context.argtypes = [ctypes.c_void_p]
     _lib.cfx_jax_set_context.restype = None
+    _lib.cfx_jax_set_subset.argtypes = [ctypes.c_int32, ctypes.c_void_p]
+    _lib.cfx_jax_set_subset.restype = None
     for _t in TARGETS:
         jax.ffi.register_ffi_target("conflux_" + _t,
                                     jax.ffi.pycapsule(getattr(_lib, "cfx_jax_" + _t)),
@@ -54,10 +56,18 @@ _pointed = [0]  # the address the handlers use now
 
 
 def set_context(address):
-    """Points the handlers at a cfx_context (its address as an int; 0 clears it)."""
+    """Points the handlers at a cfx_context (its address as an int; 0 clears it). The library
+    forgets every process set with the old context."""
     if _lib is not None:
         _lib.cfx_jax_set_context(ctypes.c_void_p(address or None))
         _pointed[0] = address or 0
+
+
+def set_subset(number, address):
+    """Maps process set `number` (> 0; the handlers' attribute "set") to its subset context's
+    address, or forgets it (address 0)."""
+    if _lib is not None:
+        _lib.cfx_jax_set_subset(number, ctypes.c_void_p(address or None))
 
 
 def follow_context():
@@ -103,11 +113,15 @@ collective_p.multiple_results = True
 
 
 def _impl(*args, **params):
+    # Eagerly the inputs stay the caller's: an in-place result would cost XLA a copy of each
+    # first, so the handler writes fresh outputs instead (inside jit the inputs are mostly
+    # intermediates, e.g. gradients, whose buffers XLA hands over at no cost).
+    params["aliases"] = ()
     return _dispatch.apply_primitive(collective_p, *args, **params)
 
 
-def _abstract_eval(*avals, target, out_avals, attrs, batch_rule):
-    del avals, target, attrs, batch_rule
+def _abstract_eval(*avals, target, out_avals, attrs, batch_rule, aliases):
+    del avals, target, attrs, batch_rule, aliases
     return list(out_avals), {EFFECT}
 
 
@@ -121,12 +135,15 @@ def _attr_value(v):
     return v
 
 
-def _lowering(ctx, *args, target, out_avals, attrs, batch_rule):
+def _lowering(ctx, *args, target, out_avals, attrs, batch_rule, aliases):
     del out_avals, batch_rule
     token = ctx.tokens_in.get(EFFECT)
     ctx2 = ctx.replace(avals_in=(_abstract_token, *ctx.avals_in),
                        avals_out=(_abstract_token, *ctx.avals_out))
-    rule = jax.ffi.ffi_lowering("conflux_" + target, has_side_effect=True)
+    # Operand and result 0 are the token: array i is operand and result i + 1.
+    lowering_args = {"operand_output_aliases": {i + 1: o + 1 for i, o in aliases}} \
+        if aliases else {}
+    rule = jax.ffi.ffi_lowering("conflux_" + target, has_side_effect=True, **lowering_args)
     results = list(rule(ctx2, token, *args, **{k: _attr_value(v) for k, v in attrs}))
     ctx.set_tokens_out(mlir.TokenSet({EFFECT: results.pop(0)}))
     return results
@@ -138,11 +155,11 @@ def _no_gpu_lowering(ctx, *args, target, **params):
         "(jax.device_put(x, jax.devices('cpu')[0])) or run JAX with JAX_PLATFORMS=cpu" % target)
 
 
-def _batch(args, dims, *, target, out_avals, attrs, batch_rule):
+def _batch(args, dims, *, target, out_avals, attrs, batch_rule, aliases):
     if batch_rule is None:
         raise NotImplementedError("conflux.jax.%s has no vmap rule (allreduce, grouped_allreduce "
                                   "and broadcast have one)" % target)
-    return batch_rule(args, dims, target=target, attrs=attrs)
+    return batch_rule(args, dims, target=target, attrs=attrs, aliases=aliases)
 
 
 collective_p.def_impl(_impl)
@@ -158,9 +175,11 @@ from jax.interpreters import batching as _batching  # noqa: E402
 _batching.primitive_batchers[collective_p] = _batch
 
 
-def bind(target, args, out_avals, attrs, batch_rule=None):
+def bind(target, args, out_avals, attrs, batch_rule=None, aliases=()):
     """Runs collective `target` on the arrays `args`; `out_avals` are the results' ShapedArrays,
-    `attrs` a tuple of (name, value) pairs of the handler's attributes."""
+    `attrs` a tuple of (name, value) pairs of the handler's attributes, `aliases` (input index,
+    output index) pairs whose output XLA places in the input's buffer (in place)."""
     follow_context()
     return collective_p.bind(*args, target=target, out_avals=tuple(out_avals),
-                             attrs=tuple(attrs), batch_rule=batch_rule)
+                             attrs=tuple(attrs), batch_rule=batch_rule,
+                             aliases=tuple(aliases))

@@ -5,7 +5,8 @@ the parameters depend only on which batches were applied, never on the world's s
 reference is a single process over the same batches.
 
 Test knobs (environment): ELASTIC_KILL="host:how:epoch:batch" makes the workers of that host end
-there in the first world (how: sigkill or raise), or go silent (how: silent, on tests/hosts/cfxhosts:
+there in the first world (how: sigkill or raise; raise_one: only its worker of local rank 1 raises,
+and the driver stops the others as the host leaves the world whole), or go silent (how: silent, on tests/hosts/cfxhosts:
 the host's first worker pulls its link out with the agent, and its workers go on into a collective
 nobody answers); ELASTIC_ADD_HOST="path:line" makes rank 0 append `line` to the discovery script's
 hosts file at epoch 1, batch 0 (and the ranks wait for the newcomer's hello at batch 1);
@@ -69,6 +70,8 @@ def maybe_fail(epoch, b):
                 mark_time(".lost")  # when it failed, for the test's recovery time
                 subprocess.run([os.environ["CFXHOSTS_AGENT"], "--link", kill[0], "down"], check=True)
             return
+        if kill[1] == "raise_one" and os.environ["HOROVOD_LOCAL_RANK"] != "1":
+            return  # one worker of the host fails; the driver stops the host's others
         mark_time(".lost")
         if kill[1] == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)

@@ -14,7 +14,8 @@ base/ calls a base/ reader of the environment with a NULL lookup (which means "g
 now": the environment is read once per init into cx_config and handed down, and an entry point
 that reads it outside init names the lookup it uses); and no binding (bindings/, python/conflux,
 java/src/main, lua/*.lua, beside SRC_DIR's ../..) reads a CFX_* variable itself: it asks the engine
-(cfx_features, cfx_transport_name). Comments are not code: they may name any of these.
+(cfx_features, cfx_transport_name); the launchers in the package (LAUNCHERS: conflux.spark,
+conflux.ray) are tools like cfxrun and read their own settings. Comments are not code: they may name any of these.
 
     check-layers.py [SRC_DIR]      exit 0 when the tree keeps the rules, 1 with one line per breach
     check-layers.py --self-test    proves the check fails on an upward include, a cycle, a
@@ -55,6 +56,12 @@ READER_DECL = re.compile(r"\b(cx_\w+)\s*\(([^;{)]*\bcx_\w*lookup\b[^;{)]*)\)\s*;
 BINDING_ENV = re.compile(r"""(?:getenv|environ(?:\.get)?)\s*[(\[]\s*[rbf]?["']CFX_\w*"""
                          r"""|["']CFX_\w*["']\s+(?:not\s+)?in\s+(?:os\.)?environ""")
 BINDING_DIRS = ("bindings", "python/conflux", "java/src/main")
+
+# Launchers inside the package: like tools/cfxrun they start the ranks and serve their store, so
+# they read the variables that configure the launcher itself (CFX_RENDEZVOUS_PORT/HOST: where the
+# driver serves the store) and set the ones the engine reads; the ranks they start ask the engine.
+LAUNCHERS = ("python/conflux/spark.py", "python/conflux/ray/")
+
 BINDING_SOURCES = (".c", ".h", ".cpp", ".i", ".py", ".java", ".lua")
 PY_COMMENT = re.compile(r"#[^\n]*|--[^\n]*")
 
@@ -108,6 +115,8 @@ def check_bindings(root):
     if os.path.isdir(lua):
         paths += [os.path.join(lua, f) for f in sorted(os.listdir(lua)) if f.endswith(".lua")]
     for path in paths:
+        if os.path.relpath(path, root).startswith(LAUNCHERS):
+            continue
         with open(path, encoding="utf-8", errors="replace") as f:
             text = f.read()
         code = (PY_COMMENT if path.endswith((".py", ".lua")) else COMMENT).sub(" ", text)

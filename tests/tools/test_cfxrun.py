@@ -144,6 +144,12 @@ def test_help():
     r = run_cfxrun("--help")
     assert r.returncode == 0
     assert "usage: cfxrun -np N" in r.stdout and "--dry-run" in r.stdout
+    # --elastic and the elastic driver's flags (horovodrun's), also from cfxrun --elastic --help
+    for flag in ("--elastic", "--min-np", "--max-np", "--host-discovery-script", "--reset-limit",
+                 "--blacklist-cooldown-range", "--elastic-timeout"):
+        assert flag in r.stdout, flag
+    r = run_cfxrun("--elastic", "--help")
+    assert r.returncode == 0 and "--blacklist-cooldown-range" in r.stdout
 
 
 def test_mpirun_missing(tmp_path):

@@ -15,6 +15,7 @@
 #include "base/error.h"
 #include "kernels/compress.h"
 #include "kernels/dot.h"
+#include "kernels/reduce.h"
 
 static cfx_status check_reduction(const char *fn, const char *what, const cfx_tensor *t,
                                   cfx_reduce_op op, double prescale, double postscale)
@@ -139,8 +140,8 @@ static cfx_status submit_group(cfx_context *ctx, const group_args *a, cfx_handle
             break;
         }
         e->req.op = (uint8_t)a->op;
-        e->req.prescale = a->prescale;
-        e->req.postscale = a->postscale;
+        e->req.prescale = cx_tensor_factor(t->dtype, a->prescale);
+        e->req.postscale = cx_tensor_factor(t->dtype, a->postscale);
         e->req.compression = a->compression;
         if (a->grouped) {
             e->req.group = strdup(group);

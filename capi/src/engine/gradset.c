@@ -9,6 +9,7 @@
 
 #include "base/dtype.h"
 #include "exec/shared_pool.h"
+#include "kernels/reduce.h"
 #include "observe/timeline.h"
 
 static size_t set_bits(const cfx_gradset *s) { return 1 + (size_t)s->nbuckets; }
@@ -300,9 +301,9 @@ static cfx_status run_buckets(cfx_gradset *s, int32_t b0, int32_t b1, cx_exec *x
         .entries = (x->joined ? s->no_entries : s->entry_ptrs) + i0,
         .dtype = (cfx_dtype)first->dtype, .op = (cfx_reduce_op)s->op,
         .esize = cfx_dtype_size((cfx_dtype)first->dtype), .total = 0,
-        .prescale = s->prescale,
-        .postscale = s->op == CFX_OP_AVERAGE ? s->postscale / (double)x->transport->size
-                                             : s->postscale};
+        .prescale = cx_tensor_factor((cfx_dtype)first->dtype, s->prescale),
+        .postscale = cx_tensor_factor((cfx_dtype)first->dtype, s->postscale) /
+                     (s->op == CFX_OP_AVERAGE ? (double)x->transport->size : 1.0)};
     for (int32_t b = b0; b < b1; b++)
         batch.total += s->buckets[b].elements;
     double tl[4] = {0};

@@ -333,8 +333,10 @@ static inline int64_t i64_scale(int64_t x, double f)
 }
 
 /* float32 is scaled in double by the double factor and rounded once: an average over 3 ranks is
- * the correctly rounded sum / 3 (the factor rounded to float first, 1/3f, is off by an ulp in a
- * third of the cases). float16/bfloat16 are scaled in float32 by the factor rounded to float. */
+ * the correctly rounded sum / 3 (1/3 rounded to float first is off by an ulp in a third of the
+ * cases); a caller's own factor arrives rounded to float32 (cx_tensor_factor), so its product is
+ * exact in double and rounds once, as float32 arithmetic does. float16/bfloat16 are scaled in
+ * float32 by the factor rounded to float. */
 static inline float f32_scale(float x, double f) { return (float)((double)x * f); }
 static inline double f64_scale(double x, double f) { return x * f; }
 static inline uint8_t bool_scale(uint8_t x, double f) { return (uint8_t)(x != 0 && f != 0.0); }
@@ -396,6 +398,11 @@ static void half_scale(uint16_t *d, const uint16_t *s, size_t n, cfx_dtype dtype
             t[i] *= f;
         narrow(d + off, t, m);
     }
+}
+
+double cx_tensor_factor(cfx_dtype dtype, double factor)
+{
+    return dtype == CFX_FLOAT32 ? (double)(float)factor : factor;
 }
 
 void cx_scale(void *buf, size_t count, cfx_dtype dtype, double factor)

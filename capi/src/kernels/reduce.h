@@ -10,8 +10,10 @@
  *   even (NaN stays NaN, overflow gives infinity).
  * - Integers: sum/product wrap modulo 2^bits (unsigned arithmetic, no UB); scaling multiplies in
  *   double and truncates toward zero, saturating at the type's limits.
- * - float32 and float64 are scaled in double and rounded once (an average is the correctly rounded
- *   sum / size).
+ * - float32 and float64 are scaled in double and rounded once. A caller's factor for a float32
+ *   tensor is first taken at float32 precision (cx_tensor_factor, as the tensor's own arithmetic
+ *   and Horovod's have it), while an average's division by the ranks is not rounded: an average
+ *   is the correctly rounded sum / size.
  * - bool (one byte, any non-zero reads as 1, results are 0 or 1): sum and max = or; min and
  *   product = and; scaling by a factor f gives (x != 0 && f != 0).
  * - min/max on floats: a NaN in either operand gives NaN.
@@ -32,6 +34,11 @@ void cx_reduce_into(void *dst, const void *src, size_t count, cfx_dtype dtype, c
 /* dst[i] = a[i] (op) b[i]; dst may equal a or b. */
 void cx_reduce3(void *dst, const void *a, const void *b, size_t count, cfx_dtype dtype,
                 cfx_reduce_op op);
+
+/* A caller's pre/postscale factor as a tensor of dtype applies it: rounded to float32 for
+ * float32 (the half formats round it in cx_scale), unchanged otherwise. Applied where a request
+ * is made, before the average's 1/size joins the postscale. */
+double cx_tensor_factor(cfx_dtype dtype, double factor);
 
 /* buf[i] *= factor, in place. factor == 1.0 returns at once. */
 void cx_scale(void *buf, size_t count, cfx_dtype dtype, double factor);

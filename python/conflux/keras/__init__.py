@@ -19,6 +19,7 @@ from conflux.tensorflow import (  # noqa: F401
     local_rank, local_size, rank, reducescatter, shutdown, size)
 
 from . import callbacks  # noqa: F401
+from . import elastic  # noqa: F401
 from .optimizer import DistributedOptimizer  # noqa: F401
 
 if not keras.__version__.startswith("3."):

@@ -12,8 +12,9 @@ from conflux.tensorflow.functions import broadcast_variables
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Gives every rank root_rank's model (all its variables) when training begins, and the
-    optimizer's variables after the first batch (Keras may build them in the first step), so
-    every rank trains the same model from the same start."""
+    model's and the optimizer's variables again after the first batch, as Horovod's does (Keras
+    builds a model without an input shape, and the optimizer, in the first step), so every rank
+    trains the same model from the same start."""
 
     def __init__(self, root_rank, device=''):
         super().__init__()
@@ -33,7 +34,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if self.broadcast_done:
             return
-        broadcast_variables(self._optimizer_variables(), self.root_rank)
+        broadcast_variables(list(self.model.variables) + self._optimizer_variables(),
+                            self.root_rank)
         self.broadcast_done = True
 
 

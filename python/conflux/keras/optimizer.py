@@ -42,7 +42,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
         return optimizer
     args = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
                 gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups,
-                name=None)
+                name=None, process_set=process_set)
     k = int(backward_passes_per_step)
     cls = type(base.__name__, (base,), {
         "_clip_gradients": _clip_gradients, "_cfx_args": args, "_cfx_distributed": True,

@@ -22,11 +22,15 @@ from conflux import _core
 from conflux._core import (  # noqa: F401  (this module's API: the engine's topology)
     cross_rank, cross_size, is_initialized, local_rank, local_size, rank, size)
 from conflux._core import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
+from conflux.horovod.common import process_sets as _ps
 from conflux.horovod.common.exceptions import HorovodInternalError  # noqa: F401
+from conflux.horovod.common.process_sets import (  # noqa: F401
+    ProcessSet, add_process_set, global_process_set, remove_process_set)
 from conflux.horovod.common.util import (  # noqa: F401
     ccl_built, cuda_built, ddl_built, gloo_built, mpi_built, nccl_built, rocm_built)
 
 from . import _ops
+from . import elastic  # noqa: F401  (hvd.elastic)
 from ._ops import UNAVAILABLE, local_rank_op, local_size_op, rank_op, size_op  # noqa: F401
 from .compression import Compression, Compressor, FP16Compressor, NoneCompressor  # noqa: F401
 from .functions import allgather_object, broadcast_object, broadcast_variables  # noqa: F401
@@ -39,19 +43,19 @@ from .mpi_ops import (  # noqa: F401
 # ---- init / shutdown / topology ----
 def init(comm=None, process_sets=None, **options):
     """Joins the job (collective; a second call does nothing) and points the TF ops at its
-    context. Keyword options are cfx_init_options fields (conflux.init). `comm` and
-    `process_sets` are Horovod's arguments: an MPI job is joined from the launcher's world
-    whatever `comm` is, and process sets are not supported by the TF ops yet."""
+    context. Keyword options are cfx_init_options fields (conflux.init). `comm` is Horovod's
+    argument (an MPI job is joined from the launcher's world whatever it is); `process_sets` are
+    registered as Horovod's hvd.init(process_sets=[...]) does."""
     _ops.require()
-    if process_sets:
-        raise NotImplementedError("conflux.tensorflow: process sets are not supported by the TF "
-                                  "ops yet (conflux.horovod.torch and the numpy API have them)")
     _core.init(**options)
     _ops.set_context(_core.current().address)
+    _ps.init_process_sets(process_sets, allgather_object)
 
 
 def shutdown():
-    """Waits for the TF ops in flight (they fail with an Aborted error), then shuts Conflux down."""
+    """Waits for the TF ops in flight (they fail with an Aborted error), then shuts Conflux down
+    (and every process set with it)."""
+    _ps.shutdown()
     _ops.quiesce()
     _core.shutdown()
 

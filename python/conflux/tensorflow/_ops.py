@@ -54,6 +54,8 @@ def _load():
     _lib.cfx_tf_set_context.restype = None
     _lib.cfx_tf_quiesce.argtypes = [ctypes.c_double]
     _lib.cfx_tf_quiesce.restype = ctypes.c_int
+    _lib.cfx_tf_set_process_set.argtypes = [ctypes.c_int64, ctypes.c_void_p]
+    _lib.cfx_tf_set_process_set.restype = None
 
 
 _load()
@@ -68,6 +70,12 @@ def set_context(address):
     """Points the kernels at a cfx_context (its address as an int; 0 clears it)."""
     if _lib is not None:
         _lib.cfx_tf_set_context(ctypes.c_void_p(address or None))
+
+
+def set_process_set(set_id, address):
+    """Points the ops of process set `set_id` at its subset context (address 0 forgets it)."""
+    if _lib is not None:
+        _lib.cfx_tf_set_process_set(int(set_id), ctypes.c_void_p(address or None))
 
 
 def quiesce(timeout_s=30.0):
@@ -96,49 +104,55 @@ def engine_name(kind, name, tensor=None, label=None):
 
 
 # ---- the raw ops ----
-def allreduce(tensor, op, prescale=1.0, postscale=1.0, compression=0, name=None):
+def allreduce(tensor, op, prescale=1.0, postscale=1.0, compression=0, name=None, ps=0):
     return MPI_LIB.cfx_allreduce(tensor, reduce_op=int(op), prescale_factor=float(prescale),
                                  postscale_factor=float(postscale), compression=int(compression),
-                                 tensor_name=engine_name("allreduce", name, tensor))
+                                 tensor_name=engine_name("allreduce", name, tensor),
+                                 process_set_id=ps)
 
 
-def grouped_allreduce(tensors, op, prescale=1.0, postscale=1.0, compression=0, name=None):
+def grouped_allreduce(tensors, op, prescale=1.0, postscale=1.0, compression=0, name=None, ps=0):
     if not tensors:
         return []
     return MPI_LIB.cfx_grouped_allreduce(
         list(tensors), reduce_op=int(op), prescale_factor=float(prescale),
         postscale_factor=float(postscale), compression=int(compression),
-        tensor_name=engine_name("grouped_allreduce", name, tensors[0]))
+        tensor_name=engine_name("grouped_allreduce", name, tensors[0]), process_set_id=ps)
 
 
-def allgather(tensor, name=None):
-    return MPI_LIB.cfx_allgather(tensor, tensor_name=engine_name("allgather", name, tensor))
+def allgather(tensor, name=None, ps=0):
+    return MPI_LIB.cfx_allgather(tensor, tensor_name=engine_name("allgather", name, tensor),
+                                 process_set_id=ps)
 
 
-def broadcast(tensor, root_rank, name=None):
+def broadcast(tensor, root_rank, name=None, ps=0):
+    """root_rank: the rank within the process set `ps` (the job's rank for the global set)."""
     return MPI_LIB.cfx_broadcast(tensor, root_rank=int(root_rank),
-                                 tensor_name=engine_name("broadcast", name, tensor))
+                                 tensor_name=engine_name("broadcast", name, tensor),
+                                 process_set_id=ps)
 
 
-def alltoall(tensor, splits, name=None):
+def alltoall(tensor, splits, name=None, ps=0):
     if splits is None:
         splits = tf.zeros([0], tf.int64)
     splits = tf.cast(tf.convert_to_tensor(splits), tf.int64)
-    return MPI_LIB.cfx_alltoall(tensor, splits, tensor_name=engine_name("alltoall", name, tensor))
+    return MPI_LIB.cfx_alltoall(tensor, splits, tensor_name=engine_name("alltoall", name, tensor),
+                                process_set_id=ps)
 
 
-def reducescatter(tensor, op, prescale=1.0, postscale=1.0, name=None):
+def reducescatter(tensor, op, prescale=1.0, postscale=1.0, name=None, ps=0):
     return MPI_LIB.cfx_reducescatter(tensor, reduce_op=int(op), prescale_factor=float(prescale),
                                      postscale_factor=float(postscale),
-                                     tensor_name=engine_name("reducescatter", name, tensor))
+                                     tensor_name=engine_name("reducescatter", name, tensor),
+                                     process_set_id=ps)
 
 
 def join():
     return MPI_LIB.cfx_join()
 
 
-def barrier():
-    return MPI_LIB.cfx_barrier()
+def barrier(ps=0):
+    return MPI_LIB.cfx_barrier(process_set_id=ps)
 
 
 def rank_op():
@@ -162,11 +176,18 @@ _SUM = _core.Sum
 _AVERAGE = _core.Average
 
 
-def _reduced_grad(op_name, grad, op, pre, post, compression=0):
+def _reduced_grad(op_name, grad, op, pre, post, compression=0, ps=0):
     if op not in (_SUM, _AVERAGE):
         raise NotImplementedError("conflux.tensorflow: the gradient of %s with op %s is not defined "
                                   "(only Sum and Average have one)" % (op_name, _core._OPS.get(op, op)))
-    return allreduce(grad, op, pre, post, compression)
+    return allreduce(grad, op, pre, post, compression, ps=ps)
+
+
+def _global_grad(op, what):
+    """The gradients that need this rank's place among the ranks: the global set only."""
+    if op.get_attr("process_set_id") != 0:
+        raise NotImplementedError("conflux.tensorflow: the gradient of %s over a process set is "
+                                  "not defined (the global set only)" % what)
 
 
 if MPI_LIB is not None:
@@ -174,7 +195,7 @@ if MPI_LIB is not None:
     def _allreduce_grad(op, grad):
         return _reduced_grad("allreduce", grad, op.get_attr("reduce_op"),
                              op.get_attr("prescale_factor"), op.get_attr("postscale_factor"),
-                             op.get_attr("compression"))
+                             op.get_attr("compression"), op.get_attr("process_set_id"))
 
     @tf.RegisterGradient("CfxGroupedAllreduce")
     def _grouped_allreduce_grad(op, *grads):
@@ -185,11 +206,13 @@ if MPI_LIB is not None:
         grads = [tf.zeros_like(x) if g is None else tf.convert_to_tensor(g)
                  for g, x in zip(grads, op.inputs)]
         return grouped_allreduce(grads, rop, op.get_attr("prescale_factor"),
-                                 op.get_attr("postscale_factor"), op.get_attr("compression"))
+                                 op.get_attr("postscale_factor"), op.get_attr("compression"),
+                                 ps=op.get_attr("process_set_id"))
 
     @tf.RegisterGradient("CfxAllgather")
     def _allgather_grad(op, grad):
         # Every rank's gradient of the whole result, summed; this rank's rows of it.
+        _global_grad(op, "allgather")
         grad = allreduce(grad, _SUM)
         d0 = tf.shape(op.inputs[0], out_type=tf.int64)[:1]
         sizes = allgather(d0)
@@ -198,6 +221,7 @@ if MPI_LIB is not None:
 
     @tf.RegisterGradient("CfxBroadcast")
     def _broadcast_grad(op, grad):
+        _global_grad(op, "broadcast")
         reduced = allreduce(grad, _SUM)
         keep = tf.cast(tf.equal(rank_op(), op.get_attr("root_rank")), reduced.dtype)
         return reduced * keep
@@ -205,11 +229,12 @@ if MPI_LIB is not None:
     @tf.RegisterGradient("CfxAlltoall")
     def _alltoall_grad(op, grad, _grad_splits):
         # What each rank received goes back where it came from.
-        back, _ = alltoall(grad, tf.cast(op.outputs[1], tf.int64))
+        back, _ = alltoall(grad, tf.cast(op.outputs[1], tf.int64), ps=op.get_attr("process_set_id"))
         return back, None
 
     @tf.RegisterGradient("CfxReducescatter")
     def _reducescatter_grad(op, grad):
+        _global_grad(op, "reducescatter")
         rop = op.get_attr("reduce_op")
         if rop not in (_SUM, _AVERAGE):
             raise NotImplementedError("conflux.tensorflow: the gradient of reducescatter is "

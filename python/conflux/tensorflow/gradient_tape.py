@@ -10,7 +10,7 @@ from .mpi_ops import _op, grouped_allreduce
 
 
 def reduce_gradients(grads, op=None, compression=Compression.none, sparse_as_dense=False,
-                     gradient_predivide_factor=1.0, num_groups=0, name=None):
+                     gradient_predivide_factor=1.0, num_groups=0, name=None, process_set=None):
     """Averages (op) a flat list of gradients over ranks; None entries stay None. Shared by
     DistributedGradientTape and conflux.keras.DistributedOptimizer."""
     rop = _op(op, None)
@@ -33,7 +33,7 @@ def reduce_gradients(grads, op=None, compression=Compression.none, sparse_as_den
     for j, grp in enumerate(groups):
         nm = None if name is None else (name if len(groups) == 1 else "%s.g%d" % (name, j))
         reduced += grouped_allreduce(grp, op=rop, compression=compression, prescale_factor=pre,
-                                     postscale_factor=post, name=nm)
+                                     postscale_factor=post, name=nm, process_set=process_set)
     out = list(grads)
     for i, r in zip(idx, reduced):
         out[i] = r
@@ -63,5 +63,5 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     tape.__dict__.update(gradtape.__dict__)
     tape._cfx_args = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
                           gradient_predivide_factor=gradient_predivide_factor,
-                          num_groups=num_groups)
+                          num_groups=num_groups, process_set=process_set)
     return tape

@@ -267,3 +267,28 @@ def test_rank_mismatch_is_an_error_on_every_rank(rank, size):
     assert isinstance(cfx.engine_error(info.value), cfx.ConfluxError)
     assert type(cfx.engine_error(info.value)).__name__ == "MismatchError"
     assert cfx.engine_error(ValueError("unrelated")) is None
+
+
+def test_in_place_results_leave_live_inputs_alone(rank, size):
+    """Inside jit allreduce, grouped_allreduce and broadcast write their results into their
+    inputs' buffers (XLA input_output_aliases): XLA must copy an input that is used again or
+    that the caller keeps, and may hand over a donated one."""
+    xs = all_contributions(size, (6,), seed=110)
+    x = jnp.asarray(xs[rank])
+    total = np.sum(xs, axis=0)
+
+    def uses_input_again(a):
+        s = cfx.allreduce(a, op=cfx.Sum)
+        g = cfx.grouped_allreduce([a * 1.0, a], op=cfx.Sum)
+        b = cfx.broadcast(a, root_rank=0)
+        return a + s, g, b, a
+    again, g, b, same = jax.jit(uses_input_again)(x)
+    np.testing.assert_array_equal(np.asarray(again), xs[rank] + total)
+    np.testing.assert_array_equal(np.asarray(g[0]), total)
+    np.testing.assert_array_equal(np.asarray(g[1]), total)
+    np.testing.assert_array_equal(np.asarray(b), xs[0])
+    np.testing.assert_array_equal(np.asarray(same), xs[rank])
+    np.testing.assert_array_equal(np.asarray(x), xs[rank])     # the jit argument, kept
+    donated = jax.jit(lambda a: cfx.allreduce(a, op=cfx.Sum), donate_argnums=0)
+    np.testing.assert_array_equal(np.asarray(donated(jnp.asarray(xs[rank]))), total)
+    np.testing.assert_array_equal(np.asarray(x), xs[rank])

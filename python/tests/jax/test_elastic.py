@@ -1,6 +1,6 @@
 """conflux.jax.JaxState without a change of membership: sync() gives every rank the pytrees and
-attributes of the member with the newest commit, restore() goes back to the last save. (A run
-that loses a rank under cfxrun --elastic is not in this suite yet.)"""
+attributes of the member with the newest commit, restore() goes back to the last save. A run
+that loses a rank under cfxrun --elastic is elastic_driver.py (ctest python_jax_elastic)."""
 import numpy as np
 import pytest
 

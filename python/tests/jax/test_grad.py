@@ -59,3 +59,16 @@ def test_grad_of_grouped_allreduce(rank, size):
 def test_min_has_no_gradient(rank, size):
     with pytest.raises(Exception):
         jax.grad(lambda x: jnp.sum(cfx.allreduce(x, op=cfx.Min)))(jnp.ones(2))
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_grad_of_broadcast(rank, size, jit):
+    # Each rank's loss is (rank + 1) * sum(broadcast(x, root)): the global objective's gradient
+    # is sum_r (r + 1) on the root's x and 0 on every other rank's.
+    root = size - 1
+    g = jax.grad(lambda x: (rank + 1) * jnp.sum(cfx.broadcast(x, root_rank=root)))
+    if jit:
+        g = jax.jit(g)
+    got = np.asarray(g(jnp.ones(3, jnp.float64)))
+    want = size * (size + 1) / 2 if rank == root else 0.0
+    np.testing.assert_allclose(got, np.full(3, want))

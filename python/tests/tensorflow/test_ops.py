@@ -53,6 +53,35 @@ def test_allreduce_ops(hvd, world, mode):
         np.testing.assert_allclose(got.numpy(), np.sum(all_x, 0))
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_allreduce_results_held_across_steps(hvd, world, mode):
+    """Results of several steps held at once keep their values (no buffer of one is reused by the
+    next), tensors of odd byte sizes beside large ones, and the inputs are never written."""
+    r, n = world
+    big = [contrib(k, (300, 129)) for k in range(n)]               # 151 KiB: the shared path
+    small = [contrib(k, (3,), np.float64) for k in range(n)]
+    odd = [contrib(k, (17,), np.int32) for k in range(n)]         # not a multiple of 64 bytes
+    x, y, z = tf.constant(big[r]), tf.constant(small[r]), tf.constant(odd[r])
+    grouped = lambda a, b, c: hvd.grouped_allreduce([a, b, c], op=hvd.Sum)
+    single = lambda a: hvd.allreduce(a, op=hvd.Average)
+    held = []
+    for step in range(3):
+        held.append(run(mode, grouped, x * (step + 1), y, z))
+        held.append([run(mode, single, x * (step + 1))])
+    for step in range(3):
+        g, s = held[2 * step], held[2 * step + 1][0]
+        np.testing.assert_allclose(g[0].numpy(), np.sum(big, 0) * (step + 1), rtol=1e-6)
+        np.testing.assert_allclose(g[1].numpy(), np.sum(small, 0))
+        np.testing.assert_array_equal(g[2].numpy(), np.sum(odd, 0))
+        np.testing.assert_allclose(s.numpy(), np.mean(big, 0) * (step + 1), rtol=1e-6)
+    np.testing.assert_array_equal(x.numpy(), big[r])
+    # a result used as the next input (TF may forward it): still right
+    out = x
+    for _ in range(2):
+        out = run(mode, single, out)
+    np.testing.assert_allclose(out.numpy(), np.mean(big, 0), rtol=1e-6)
+
+
 def test_adasum(hvd, world):
     r, n = world
     if n & (n - 1):

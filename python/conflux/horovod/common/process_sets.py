@@ -107,6 +107,18 @@ _table = {}        # process_set_id -> _Entry, the registered sets besides the g
 _free_ids = collections.deque()
 _next_id = [1]
 _parent = [None]   # the job's context the registered subsets belong to
+_removal_listeners = []  # called with a set's id before its subset is freed
+
+
+def on_remove(listener):
+    """Has listener(process_set_id) called before a registered set's subset is freed (removed,
+    or the job shut down): a framework layer that keeps the set's context forgets it there."""
+    _removal_listeners.append(listener)
+
+
+def _removing(ps_id):
+    for listener in _removal_listeners:
+        listener(ps_id)
 
 
 def _checked(fn):
@@ -135,7 +147,8 @@ def subset_of(process_set):
 
 def _clear():
     """Frees every registered set (their ids become None)."""
-    for entry in _table.values():
+    for ps_id, entry in _table.items():
+        _removing(ps_id)
         entry.process_set._invalidate()
         entry.subset.free()
     _table.clear()
@@ -266,6 +279,7 @@ def remove_process_set(process_set):
     if entry is None:
         return False
     entry.process_set._invalidate()
+    _removing(ps_id)
     entry.subset.free()
     _free_ids.append(ps_id)
     return True

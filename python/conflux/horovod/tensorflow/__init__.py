@@ -13,6 +13,7 @@ from conflux.tensorflow import (  # noqa: F401
     local_rank, local_rank_op, local_size, local_size_op, mpi_built, mpi_enabled,
     mpi_threads_supported, nccl_built, rank, rank_op, reducescatter, rocm_built, shutdown, size,
     size_op, start_timeline, stop_timeline)
+from . import elastic  # noqa: F401
 from conflux.horovod.common.process_sets import ProcessSet, global_process_set  # noqa: F401
 
 

@@ -7,3 +7,4 @@ from conflux.keras import (  # noqa: F401
     allreduce, alltoall, barrier, broadcast, broadcast_global_variables, broadcast_object,
     broadcast_variables, callbacks, cross_rank, cross_size, grouped_allreduce, init,
     is_initialized, join, load_model, local_rank, local_size, rank, reducescatter, shutdown, size)
+from . import elastic  # noqa: F401  (after the re-exports: elastic imports conflux.keras)

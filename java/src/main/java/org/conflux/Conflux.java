@@ -196,6 +196,9 @@ public final class Conflux implements AutoCloseable {
     /** Blocking calls inside the engine (see run): close() frees the context only once none is. */
     private final AtomicInteger running = new AtomicInteger();
 
+    /** The store callbacks of a group's context (initGroup): freed after the context. */
+    private long store;
+
     private Conflux(long ctx) {
         this.ctx = ctx;
         readWorld(ctx);
@@ -222,6 +225,56 @@ public final class Conflux implements AutoCloseable {
             throw lastError();
         }
         return new Conflux(p);
+    }
+
+    /** {@link #initGroup(Options, Store, int, int)} with default options. */
+    public static Conflux initGroup(Store store, int rank, int size) {
+        return initGroup(new Options(), store, rank, size);
+    }
+
+    /**
+     * Joins a group whose members alone call this ({@code cfx_init_group}): this process is
+     * {@code rank} of {@code size} as the caller says, whatever launcher started it, and the
+     * members meet over Gloo through {@code store}. For programs that learn their place from
+     * something other than a launcher's environment, e.g. a Spark barrier task
+     * ({@code BarrierTaskContext.partitionId()}, docs/spark.md), or several groups in one job
+     * (give each its own store or {@link Store#withPrefix prefix}). Collective across the
+     * members; a group of one meets nobody. The store is used while the context lives and must
+     * stay reachable until {@link #close()} returned on every member.
+     *
+     * @throws IllegalArgumentException for a null store, a size below 1 or a rank outside
+     *         [0, size), or a transport other than Gloo asked for
+     * @throws TimeoutException when the other members do not come within
+     *         {@code CFX_RENDEZVOUS_TIMEOUT_S}; an exception the store threw is attached
+     *         (suppressed) to whatever init throws
+     */
+    public static Conflux initGroup(Options o, Store store, int rank, int size) {
+        if (store == null) {
+            throw new IllegalArgumentException("Conflux.initGroup: store is null");
+        }
+        StoreBridge bridge = new StoreBridge(store);
+        long s = ConfluxNative.cfxj_store_new(bridge);
+        if (s == 0) {
+            throw lastError();
+        }
+        long p;
+        try {
+            p = ConfluxNative.cfxj_init_group(initOptions(o), s, rank, size);  // frees the options
+        } catch (RuntimeException e) {
+            ConfluxNative.cfxj_store_free(s);
+            throw e;
+        }
+        if (p == 0) {
+            RuntimeException e = lastError();
+            ConfluxNative.cfxj_store_free(s);
+            if (bridge.failure() != null) {
+                e.addSuppressed(bridge.failure());
+            }
+            throw e;
+        }
+        Conflux c = new Conflux(p);
+        c.store = s;
+        return c;
     }
 
     /** Records option {@code name} of a set of {@code kind} ("init", "reform"); C checks it later. */
@@ -977,6 +1030,10 @@ public final class Conflux implements AutoCloseable {
             LockSupport.parkNanos(100_000L);
         }
         ConfluxNative.cfx_context_free(p);
+        if (store != 0) {
+            ConfluxNative.cfxj_store_free(store);
+            store = 0;
+        }
     }
 
     @Override
