@@ -9,7 +9,8 @@ rounding apart), and the member killed must have written none.
     test_elastic_examples.py below_min NP -- command args...
     test_elastic_examples.py grow NP -- command args...
 
-kill: NP workers start (-np NP --min-np NP-1); the worker of rank KILL_RANK dies at epoch 1,
+kill: NP workers start (-np NP --min-np NP-1), the rank killed alone on its host (the first or
+the last rank); the worker of rank KILL_RANK dies at epoch 1,
 batch 3, after a commit at batch 2 (so a survivor that did not roll back would apply batch 2
 twice).
 below_min: NP workers start with a minimum of NP, as cfxrun --elastic would start them (its
@@ -110,7 +111,14 @@ def run_job(args, env):
 
 
 def run_kill(np_, kill_rank, command):
-    hosts = "localhost:%d,127.0.0.1:1" % (np_ - 1)
+    # The rank killed has a host of its own: a host whose worker failed leaves the world whole
+    # (docs/elastic.md), and the others must go on. cfxrun gives ranks in -H's order.
+    if kill_rank == 0:
+        hosts = "127.0.0.1:1,localhost:%d" % (np_ - 1)
+    elif kill_rank == np_ - 1:
+        hosts = "localhost:%d,127.0.0.1:1" % (np_ - 1)
+    else:
+        raise SystemExit("kill: the rank killed must be the first or the last (its own host)")
     tmp = tempfile.mkdtemp(prefix="cfx-elastic-examples-")
     out = os.path.join(tmp, "result")
     env = dict(os.environ, ELASTIC_KILL="%d:%d:%d" % (kill_rank, KILL_EPOCH, KILL_BATCH),
