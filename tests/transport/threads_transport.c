@@ -25,6 +25,12 @@ static cx_transport_ops threads_ops;
 static pthread_once_t threads_ops_once = PTHREAD_ONCE_INIT;
 static const cx_transport_ops *local_ops;
 
+/* The world rank 0 made, handed over under a lock as well as through the store: the store says
+ * when it is there, the lock orders its memory for the other threads (a sanitizer sees the
+ * hand-over; the store alone, a file or a socket, it cannot). */
+static pthread_mutex_t published_mu = PTHREAD_MUTEX_INITIALIZER;
+static cx_local_world *published;
+
 static void name_the_table(void)
 {
     threads_ops = *local_ops;
@@ -40,6 +46,9 @@ cfx_status cx_transport_threads_create(const cx_transport_params *p, cx_transpor
     cfx_status st = CFX_OK;
     if (p->rank == 0) {
         if (!(st = cx_local_world_create(p->size, &w))) {
+            pthread_mutex_lock(&published_mu);
+            published = w;
+            pthread_mutex_unlock(&published_mu);
             snprintf(text, sizeof text, "%d %p", (int)getpid(), (void *)w);
             st = cx_store_set(s, "threads/world", text, strlen(text));
         }
@@ -57,7 +66,13 @@ cfx_status cx_transport_threads_create(const cx_transport_params *p, cx_transpor
                              "process, and rank 0 is in process %d", pid);
         }
         free(data);
-        w = at;
+        if (!st) {
+            pthread_mutex_lock(&published_mu);
+            w = published;
+            pthread_mutex_unlock(&published_mu);
+            if (w != at)
+                st = cx_fail(CFX_ERR_INTERNAL, "the threads transport's world moved");
+        }
     }
     cx_transport *t = NULL;
     if (!st)
