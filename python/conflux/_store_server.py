@@ -32,6 +32,11 @@ def _blob(conn):
     return _read(conn, int.from_bytes(_read(conn, 4), "big"))
 
 
+def _key(k):
+    """A key as the wire has it: bytes (str keys are UTF-8)."""
+    return k.encode() if isinstance(k, str) else k
+
+
 def _pack(data):
     return len(data).to_bytes(4, "big") + data
 
@@ -44,7 +49,7 @@ class StoreServer:
     """
 
     def __init__(self, port=0, on_set=None, on_close=None):
-        self.data = {}
+        self._data = {}
         self._lock = threading.Lock()
         self._on_set = on_set
         self._on_close = on_close
@@ -66,19 +71,18 @@ class StoreServer:
 
     def get(self, key):
         with self._lock:
-            return self.data.get(key.encode() if isinstance(key, str) else key)
+            return self._data.get(_key(key))
 
     def set(self, key, value):
         """Sets a key from the serving side (a launcher's own marks: conflux.ray's elastic
         driver writes gone/<id> here); str keys and values are encoded."""
         with self._lock:
-            self.data[key if isinstance(key, bytes) else key.encode()] = \
-                value if isinstance(value, bytes) else str(value).encode()
+            self._data[_key(key)] = value if isinstance(value, bytes) else str(value).encode()
 
     def items(self):
         """Every (key, value) set so far, as bytes (a snapshot)."""
         with self._lock:
-            return list(self.data.items())
+            return list(self._data.items())
 
     def close(self):
         """Stops accepting and closes every connection (their threads then end)."""
@@ -122,17 +126,17 @@ class StoreServer:
                 if op == b"S":
                     value = _blob(conn)
                     with self._lock:
-                        self.data[key] = value
+                        self._data[key] = value
                     if self._on_set:
                         self._on_set(key.decode(errors="replace"), value, conn_id)
                     conn.sendall(b"\x01")
                 elif op == b"C":
                     with self._lock:
-                        present = key in self.data
+                        present = key in self._data
                     conn.sendall(b"\x01" if present else b"\x00")
                 elif op == b"G":
                     with self._lock:
-                        value = self.data.get(key)
+                        value = self._data.get(key)
                     conn.sendall(b"\x00" if value is None else b"\x01" + _pack(value))
                 else:
                     return
@@ -172,18 +176,18 @@ class StoreClient:
     def set(self, key, value):
         value = value.encode() if isinstance(value, str) else bytes(value)
         with self._lock:
-            self._sock.sendall(b"S" + _pack(key.encode()) + _pack(value))
+            self._sock.sendall(b"S" + _pack(_key(key)) + _pack(value))
             _read(self._sock, 1)
 
     def check(self, key):
         with self._lock:
-            self._sock.sendall(b"C" + _pack(key.encode()))
+            self._sock.sendall(b"C" + _pack(_key(key)))
             return _read(self._sock, 1) == b"\x01"
 
     def get(self, key):
         """The value of `key`, or None while it is not set."""
         with self._lock:
-            self._sock.sendall(b"G" + _pack(key.encode()))
+            self._sock.sendall(b"G" + _pack(_key(key)))
             if _read(self._sock, 1) != b"\x01":
                 return None
             return _blob(self._sock)
