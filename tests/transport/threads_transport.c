@@ -20,22 +20,15 @@
 
 cx_transport_create_fn cx_transport_threads_create;
 
-/* The local transport's table under this transport's name. */
+/* The local transport's table under this transport's name, filled by the first rank to finish
+ * (under published_mu: every rank thread gets here at about the same time). */
 static cx_transport_ops threads_ops;
-static pthread_once_t threads_ops_once = PTHREAD_ONCE_INIT;
-static const cx_transport_ops *local_ops;
 
 /* The world rank 0 made, handed over under a lock as well as through the store: the store says
  * when it is there, the lock orders its memory for the other threads (a sanitizer sees the
  * hand-over; the store alone, a file or a socket, it cannot). */
 static pthread_mutex_t published_mu = PTHREAD_MUTEX_INITIALIZER;
 static cx_local_world *published;
-
-static void name_the_table(void)
-{
-    threads_ops = *local_ops;
-    threads_ops.name = "threads";
-}
 
 cfx_status cx_transport_threads_create(const cx_transport_params *p, cx_transport **out)
 {
@@ -96,8 +89,12 @@ cfx_status cx_transport_threads_create(const cx_transport_params *p, cx_transpor
             t->ops->destroy(t);
         return st;
     }
-    local_ops = t->ops;
-    pthread_once(&threads_ops_once, name_the_table);
+    pthread_mutex_lock(&published_mu);
+    if (!threads_ops.name) {
+        threads_ops = *t->ops;
+        threads_ops.name = "threads";
+    }
+    pthread_mutex_unlock(&published_mu);
     t->ops = &threads_ops;
     *out = t;
     return CFX_OK;
