@@ -30,7 +30,7 @@
 #define OLD 3                      /* the first world's ranks; one newcomer joins them */
 #define N 64
 
-static int failures;
+static atomic_int failures; /* member threads count theirs too */
 #define CHECK(cond, ...)                                                                     \
     do {                                                                                     \
         if (!(cond)) {                                                                       \
