@@ -5,6 +5,7 @@ after changing the table or the bodies there; python/tests/unit/test_generated.p
 that this file is what it writes). conflux._ops.install() calls the factory of an array
 library with its Adapter and puts the functions into a module or a process set.
 """
+from . import _args
 from . import _capi
 from . import _core
 
@@ -14,7 +15,7 @@ DEFAULT_splits = None
 DEFAULT_name = None
 DEFAULT_prescale_factor = 1.0
 DEFAULT_postscale_factor = 1.0
-DEFAULT_compression = _core.Compression.none
+DEFAULT_compression = _args.Compression.none
 
 # What the bodies call besides the adapter's fields.
 wait = _core.Handle.wait
@@ -23,12 +24,12 @@ run = _capi._capi_native.cfx_py_run
 start = _capi._capi_native.cfx_py_submit
 context = _core.fast_context
 native_context = _core.native_context
-check_name = _core.check_name
-check_op = _core.check_op
-check_root = _core.check_root
-check_splits = _core.check_splits
-check_scale = _core.check_scale
-check_compression = _core.check_compression
+check_name = _args.check_name
+check_op = _args.check_op
+check_root = _args.check_root
+check_splits = _args.check_splits
+check_scale = _args.check_scale
+check_compression = _args.check_compression
 
 
 def array_collectives(adapter, submit=_core.submit):

@@ -8,6 +8,7 @@ import math as _math
 import numpy as _np
 
 from . import _capi
+from . import _args
 from . import _core
 from . import _dlpack
 from . import _ops
@@ -91,7 +92,7 @@ def shared_array(shape, dtype=_np.float32):
     OutOfMemoryError when the pool (CFX_SHARED_POOL_BYTES) has no room."""
     dtype = _np.dtype(dtype)
     _dtype_code(dtype)
-    shape = _core.check_shape(shape)
+    shape = _args.check_shape(shape)
     return _core.shared_bytes(_math.prod(shape) * dtype.itemsize).view(dtype).reshape(shape)
 
 

@@ -16,6 +16,7 @@ from typing import Callable, NamedTuple
 
 from . import _capi
 from . import _collectives
+from . import _args
 from . import _core
 
 # ---- how the out-of-place result is made ----
@@ -46,7 +47,7 @@ PARAMS = {
     "splits": (None, "check_splits({0})"),
     "prescale_factor": (1.0, 'check_scale({0}, "{0}")'),
     "postscale_factor": (1.0, 'check_scale({0}, "{0}")'),
-    "compression": (_core.Compression.none, "check_compression({0})"),
+    "compression": (_args.Compression.none, "check_compression({0})"),
 }
 _REDUCE = ("op", "name", "prescale_factor", "postscale_factor")
 # Only the lone allreduce has per-call options in the ABI (cfx_allreduce_async_opts).

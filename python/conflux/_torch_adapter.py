@@ -8,6 +8,7 @@ import math
 import torch
 
 from . import _capi
+from . import _args
 from . import _core
 from . import _ops
 
@@ -95,7 +96,7 @@ def shared_empty(*size, dtype=torch.float32):
     memory lives while the tensor, any view of it or a collective using it does
     (conflux.shared_array has the rest)."""
     code = _check_dtype(dtype)
-    shape = _core.check_shape(size[0] if len(size) == 1 else size)
+    shape = _args.check_shape(size[0] if len(size) == 1 else size)
     raw = _core.shared_bytes(math.prod(shape) * _core.dtype_size(code))
     return torch.from_numpy(raw).view(dtype).view(shape)
 

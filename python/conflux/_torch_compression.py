@@ -4,7 +4,7 @@ engine compresses the tensor, else the compressor's own cast around the allreduc
 """
 import torch
 
-from . import _core
+from . import _args
 from ._core import Adasum
 from ._torch_adapter import _strided
 
@@ -55,8 +55,8 @@ class Compression:
     fp16 = FP16Compressor
 
 
-_core.COMPRESSION_ALIASES[NoneCompressor] = _core.Compression.none
-_core.COMPRESSION_ALIASES[FP16Compressor] = _core.Compression.fp16
+_args.COMPRESSION_ALIASES[NoneCompressor] = _args.Compression.none
+_args.COMPRESSION_ALIASES[FP16Compressor] = _args.Compression.fp16
 _WIRE_DTYPES = (torch.float32, torch.float64)
 
 
@@ -72,7 +72,7 @@ def _wire_compression(compressor, tensor, op):
     engine compresses, else 0: the compressor's compress()/decompress() apply (its cast for
     float16, bfloat16 and CUDA tensors and under Adasum, nothing for integers)."""
     if compressor is FP16Compressor and op != Adasum and _compressible(tensor):
-        return _core.Compression.fp16
+        return _args.Compression.fp16
     return 0
 
 # Users import these from conflux.torch, which re-exports them: reprs (the optimizers' signatures

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from . import _capi
+from . import _args
 from . import _core
 from . import _torch_collectives
 from ._core import Adasum, Average, Max, Min, Product, Sum, size
@@ -304,7 +305,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self.gradient_storage != "conflux" or self._wire is None or p.device.type != "cpu" \
                 or p.layout != torch.strided:
             return None
-        return self._wire if _compressible(p) else _core.Compression.none
+        return self._wire if _compressible(p) else _args.Compression.none
 
     # ---- the per-call path (conflux._torch_optimizer_hooks) ----
     _add_per_call = _add_per_call

@@ -3,7 +3,7 @@ gradient-set optimizer, Adasum's, and conflux.horovod.torch's): named_parameters
 backward_passes_per_step, and compression, split into the engine's wire compression and the
 compressor that casts where the engine does not compress.
 """
-from . import _core
+from . import _args
 from ._torch_compression import FP16Compressor, NoneCompressor
 
 
@@ -14,7 +14,7 @@ def _compression_plan(compression):
     applies where the engine does not compress (Compression.fp16: Horovod's cast to float16; a
     conflux.Compression value: nothing; one's own: itself, everywhere)."""
     try:
-        wire = _core.check_compression(compression)
+        wire = _args.check_compression(compression)
     except TypeError:
         if not (hasattr(compression, "compress") and hasattr(compression, "decompress")):
             raise TypeError("compression must be a conflux.Compression, Compression.none, "
@@ -22,7 +22,7 @@ def _compression_plan(compression):
                             "not %r" % (compression,)) from None
         return None, compression
     try:
-        wire = _core.Compression(wire)
+        wire = _args.Compression(wire)
     except ValueError:
         raise ValueError("compression %r is not a conflux.Compression (none, fp16, bf16, "
                          "fp16_everywhere, bf16_everywhere)" % (compression,)) from None

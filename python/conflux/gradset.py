@@ -22,6 +22,7 @@ import operator as _operator
 import numpy as _np
 
 from . import _capi
+from . import _args
 from . import _core
 from ._numpy import _describe, _dtype_code, _inplace
 
@@ -64,20 +65,20 @@ class GradientSet:
     from the values it packed and adds it to the next step's)."""
 
     def __init__(self, name, op=_core.Average, bucket_bytes=0, accumulate_steps=1, prescale=1.0,
-                 postscale=1.0, owned=True, compression=_core.Compression.none,
+                 postscale=1.0, owned=True, compression=_args.Compression.none,
                  error_feedback=False):
-        name = _core.check_name(name)
+        name = _args.check_name(name)
         if name is None:
             raise TypeError("a gradient set needs a name (the same on every rank)")
         opts = _capi.cfx_gradset_options()
         _capi.cfx_gradset_options_init(opts, _capi.CFX_GRADSET_OPTIONS_VERSION)
-        opts.op = _core.check_op(op)
+        opts.op = _args.check_op(op)
         opts.bucket_bytes = _operator.index(bucket_bytes)
         opts.accumulate_steps = _operator.index(accumulate_steps)
-        opts.prescale = _core.check_scale(prescale, "prescale")
-        opts.postscale = _core.check_scale(postscale, "postscale")
+        opts.prescale = _args.check_scale(prescale, "prescale")
+        opts.postscale = _args.check_scale(postscale, "postscale")
         opts.owned = 1 if owned else 0
-        opts.compression = _core.check_compression(compression)
+        opts.compression = _args.check_compression(compression)
         opts.error_feedback = _operator.index(error_feedback)  # the engine takes 0 and 1
         ctx = _core.current()
         self.name = name
@@ -98,7 +99,7 @@ class GradientSet:
         if self._committed:
             raise _core.InvalidArgumentError("gradient set '%s' is committed; add() comes before "
                                              "commit()" % self.name)
-        gname = _core.check_name(name)
+        gname = _args.check_name(name)
         if gname is None:
             raise TypeError("a gradient needs a name")
         if self.owned:
@@ -110,7 +111,7 @@ class GradientSet:
                 raise TypeError("add('%s') needs a shape" % gname)
             dtype = _np.dtype(dtype)
             code = _dtype_code(dtype)
-            shape = _core.check_shape(shape)
+            shape = _args.check_shape(shape)
             desc = (None, code, shape)
         else:
             if array is None:

@@ -26,9 +26,12 @@ import jax
 import jax.numpy as jnp
 from jax.core import ShapedArray
 
+from . import _args
 from . import _core
 from . import _numpy
 from . import _jax_primitive as _jax_ffi
+from ._jax_args import (
+    _aval, _check, _elementwise_batch, _in_place, _is_tracer, _label, _name_attrs)
 from . import process_sets as _process_sets
 from ._core import (  # noqa: F401  (re-exported)
     Adasum, Average, Compression, Max, Min, Product, Sum, DtypeError, ConfluxError,
@@ -44,10 +47,6 @@ __all__ = [
     "ConfluxError",
 ]
 
-# The dtypes the engine reduces (cfx_dtype); anything else is a DtypeError at the call.
-_DTYPES = frozenset(_np.dtype(d) for d in (
-    "bool", "int8", "uint8", "int16", "uint16", "int32", "int64", "float16", "float32",
-    "float64")) | {_np.dtype(jnp.bfloat16)}
 _REDUCE_LINEAR = (Sum, Average)
 
 
@@ -91,72 +90,6 @@ def _at_exit():
 
 import atexit as _atexit  # noqa: E402
 _atexit.register(_at_exit)
-
-
-# ---- argument checks ----
-def _is_tracer(x):
-    return isinstance(x, jax.core.Tracer)
-
-
-def _label(x, name):
-    if name:
-        return repr(name)
-    shape = getattr(x, "shape", None)
-    dtype = getattr(x, "dtype", None)
-    return "an array of shape %s and dtype %s" % (tuple(shape) if shape is not None else "?",
-                                                   dtype)
-
-
-def _check(x, op, name):
-    """`x` as a JAX value after checking what the CPU path needs; errors name the op and array."""
-    if not _is_tracer(x) and not isinstance(x, jax.Array):
-        x = jnp.asarray(x)
-    dtype = _np.dtype(x.dtype)
-    if dtype not in _DTYPES:
-        raise DtypeError("conflux.jax.%s of %s: dtype %s is not one Conflux supports (bool, int8, "
-                         "uint8, int16, uint16, int32, int64, float16, bfloat16, float32, float64)"
-                         % (op, _label(x, name), dtype))
-    if not _is_tracer(x):
-        platforms = {d.platform for d in x.devices()}
-        if platforms != {"cpu"}:
-            raise ValueError("conflux.jax.%s of %s: the array is on %s; conflux.jax takes CPU "
-                             "arrays (jax.device_put(x, jax.devices('cpu')[0]))"
-                             % (op, _label(x, name), ", ".join(sorted(platforms))))
-    return x
-
-
-def _aval(x):
-    return ShapedArray(tuple(x.shape), x.dtype)
-
-
-def _name_attrs(name, label):
-    return (("name", _core.check_name(name) or ""), ("label", label))
-
-
-# ---- vmap rules: elementwise across ranks, so the batch dimension stays where it is ----
-def _elementwise_batch(args, dims, *, target, attrs, aliases):
-    n = _batch_size(args, dims)
-    args = [jnp.moveaxis(a, d, 0) if d is not None else jnp.broadcast_to(a, (n,) + a.shape)
-            for a, d in zip(args, dims)]
-    outs = _jax_ffi.bind(target, args, [_aval(a) for a in args], attrs, _elementwise_batch,
-                         aliases)
-    return outs, [0] * len(outs)
-
-
-def _batch_size(args, dims):
-    for a, d in zip(args, dims):
-        if d is not None:
-            return a.shape[d]
-    return 1
-
-
-def _in_place(n):
-    """Results in their inputs' buffers (XLA's input_output_aliases): inside jit a gradient is an
-    intermediate whose buffer XLA hands over, so the engine reduces it in place instead of
-    writing a fresh output that the kernel must first fault in page by page (ResNet-50's 102 MB
-    tree: bench/jax_allreduce.py). Where the input lives on (a jit argument not donated), XLA
-    copies it first. Eager calls drop the aliases (conflux/_jax_primitive.py)."""
-    return tuple((i, i) for i in range(n))
 
 
 # ---- the ranks a collective runs over: the job's, or a process set's ----
@@ -224,11 +157,11 @@ def _make_allreduce(op, name, pre, post, compression, labels, grp):
 
 
 def _allreduce(grp, x, op, name, prescale_factor, postscale_factor, compression):
-    op = _core.check_op(op)
+    op = _args.check_op(op)
     x = _check(x, "allreduce", name)
-    pre = _core.check_scale(prescale_factor, "prescale_factor")
-    post = _core.check_scale(postscale_factor, "postscale_factor")
-    comp = _core.check_compression(compression)
+    pre = _args.check_scale(prescale_factor, "prescale_factor")
+    post = _args.check_scale(postscale_factor, "postscale_factor")
+    comp = _args.check_compression(compression)
     return _make_allreduce(op, name, pre, post, comp, _label(x, name), grp)([x])[0]
 
 
@@ -241,15 +174,15 @@ def allreduce(x, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.
 
 
 def _grouped_allreduce(grp, tree, op, name, prescale_factor, postscale_factor, compression):
-    op = _core.check_op(op)
+    op = _args.check_op(op)
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     if not leaves:
         return tree
     leaves = [_check(x, "grouped_allreduce", "%s[%d]" % (name or "tree", i))
               for i, x in enumerate(leaves)]
-    pre = _core.check_scale(prescale_factor, "prescale_factor")
-    post = _core.check_scale(postscale_factor, "postscale_factor")
-    comp = _core.check_compression(compression)
+    pre = _args.check_scale(prescale_factor, "prescale_factor")
+    post = _args.check_scale(postscale_factor, "postscale_factor")
+    comp = _args.check_compression(compression)
     label = "%s (%d arrays)" % (repr(name) if name else "a pytree", len(leaves))
     out = _make_allreduce(op, name, pre, post, comp, label, grp)(leaves)
     return jax.tree_util.tree_unflatten(treedef, list(out))
@@ -271,7 +204,7 @@ def _broadcast_raw(x, root, name, label, grp):
 
 
 def _check_root(grp, root_rank):
-    root = _core.check_root(root_rank)
+    root = _args.check_root(root_rank)
     if grp is not _WORLD and not 0 <= root < grp.size():
         raise ValueError("%s: root_rank %d is not a rank of the set (0 .. %d)"
                          % (grp.what, root, grp.size() - 1))
@@ -306,7 +239,7 @@ def broadcast(x, root_rank, name=None):
 
 def _broadcast_parameters(grp, tree, root_rank, name):
     root = _check_root(grp, root_rank)
-    _core.check_name(name)
+    _args.check_name(name)
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     idx = [i for i, v in enumerate(leaves) if isinstance(v, (jax.Array, _np.ndarray, _np.generic))]
     if not idx:
@@ -391,13 +324,13 @@ def alltoall(x, splits=None, name=None, return_splits=False):
 
 
 def _reducescatter(grp, x, op, name, prescale_factor, postscale_factor):
-    op = _core.check_op(op)
+    op = _args.check_op(op)
     x = _check(x, "reducescatter", name)
     if x.ndim == 0:
         raise ValueError("conflux.jax.reducescatter of %s: needs at least one dimension"
                          % _label(x, name))
-    attrs = (("op", op), ("prescale", _core.check_scale(prescale_factor, "prescale_factor")),
-             ("postscale", _core.check_scale(postscale_factor, "postscale_factor"))) \
+    attrs = (("op", op), ("prescale", _args.check_scale(prescale_factor, "prescale_factor")),
+             ("postscale", _args.check_scale(postscale_factor, "postscale_factor"))) \
         + _name_attrs(name, _label(x, name)) + grp.attrs()
     n, r = grp.size(), grp.rank()
     rows = x.shape[0] // n + (1 if r < x.shape[0] % n else 0)
@@ -501,8 +434,8 @@ def allreduce_gradients(op=Average, compression=None, prescale_factor=1.0,
     Chain it before the optimizer: optax.chain(allreduce_gradients(), optax.adam(1e-3))
     (DistributedOptimizer does that)."""
     import optax
-    op = _core.check_op(op)
-    _core.check_compression(compression)
+    op = _args.check_op(op)
+    _args.check_compression(compression)
     grp = _group_of(process_set)
 
     def init_fn(params):

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.rendezvous import register_rendezvous_handler
 
+from . import _args
 from . import _core
 from ._torch_broadcast import broadcast_object
 from ._torch_adapter import shared_empty
@@ -197,10 +198,10 @@ _SHARED_BUCKETS = weakref.WeakKeyDictionary()  # backend -> {bucket index: share
 # (Not torch's hook names: DDP refuses a hook named bf16_compress_hook without CUDA and NCCL.)
 ddp_hooks = types.SimpleNamespace(shared_memory_hook=shared_memory_hook, **{
     label: _compressed_hook(compression, label) for label, compression in (
-        ("fp16_wire_hook", _core.Compression.fp16),
-        ("bf16_wire_hook", _core.Compression.bf16),
-        ("fp16_everywhere_wire_hook", _core.Compression.fp16_everywhere),
-        ("bf16_everywhere_wire_hook", _core.Compression.bf16_everywhere))})
+        ("fp16_wire_hook", _args.Compression.fp16),
+        ("bf16_wire_hook", _args.Compression.bf16),
+        ("fp16_everywhere_wire_hook", _args.Compression.fp16_everywhere),
+        ("bf16_everywhere_wire_hook", _args.Compression.bf16_everywhere))})
 
 
 # ---- registration ----

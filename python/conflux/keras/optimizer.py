@@ -4,6 +4,7 @@ BaseOptimizer._clip_gradients, which Keras calls once per real update with the f
 after gradient accumulation (backward_passes_per_step = Keras's gradient_accumulation_steps, so
 accumulating passes send nothing), before clipnorm/clipvalue and weight decay, as Horovod's
 wrapper averaged before its optimizer saw the gradients."""
+from conflux import _args
 from conflux import _core
 from conflux.tensorflow import _ops
 from conflux.tensorflow.compression import Compression
@@ -35,7 +36,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     if groups is not None:
         raise NotImplementedError("conflux.keras: explicit gradient groups are not supported; "
                               "use num_groups")
-    if op is not None and _core.check_op(op) == _core.Adasum and backward_passes_per_step > 1:
+    if op is not None and _args.check_op(op) == _core.Adasum and backward_passes_per_step > 1:
         raise NotImplementedError("Adasum with backward_passes_per_step > 1")
     base = type(optimizer)
     if getattr(optimizer, "_cfx_distributed", False):

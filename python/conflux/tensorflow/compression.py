@@ -7,7 +7,7 @@ their names ("fp16", "bf16_everywhere", ...) are accepted too.
 """
 import tensorflow as tf
 
-from conflux import _core
+from conflux import _args
 
 
 class Compressor:
@@ -53,7 +53,7 @@ class Compression:
     fp16 = FP16Compressor
 
 
-_WIRE = {NoneCompressor: _core.Compression.none, FP16Compressor: _core.Compression.fp16}
+_WIRE = {NoneCompressor: _args.Compression.none, FP16Compressor: _args.Compression.fp16}
 _WIRE_DTYPES = (tf.float32, tf.float64)
 
 
@@ -70,7 +70,7 @@ def plan(compression, dtype):
                 return 0, None
             return (code, None) if dtype in _WIRE_DTYPES else (0, compression)
         return 0, compression
-    code = _core.check_compression(compression)
+    code = _args.check_compression(compression)
     if code != 0 and dtype not in _WIRE_DTYPES:
         return 0, None  # the engine compresses float32/float64 only; others travel as they are
     return code, None

@@ -7,6 +7,7 @@ root, results are in the order of the set's ranks, and a rank outside the set ge
 """
 import tensorflow as tf
 
+from conflux import _args
 from conflux import _core
 
 from . import _ops
@@ -18,7 +19,7 @@ def _op(op, average):
         if op is not None:
             raise ValueError("The op parameter supersedes average; please provide only one of them.")
         return _core.Average if average else _core.Sum
-    return _core.Average if op is None else _core.check_op(op)
+    return _core.Average if op is None else _args.check_op(op)
 
 
 def _set_id(process_set):
@@ -47,7 +48,7 @@ _watching = []
 
 def _set_root(process_set, set_id, root_rank):
     """A job's root rank as the rank within the set (the engine's root)."""
-    root_rank = _core.check_root(root_rank)
+    root_rank = _args.check_root(root_rank)
     if set_id == 0:
         return root_rank
     if root_rank not in process_set.ranks:

@@ -232,6 +232,7 @@ def test_cuda_tensor_crosses_the_abi_with_device_and_stream(monkeypatch):
     the error its build and machine call for."""
     torch = pytest.importorskip("torch", reason="python3-torch is not installed")
     import conflux.torch as cfx
+    from conflux import _args
     from conflux import _core
 
     class FakeCudaTensor:  # what _describe reads of a torch.Tensor on cuda:1
@@ -261,7 +262,7 @@ def test_cuda_tensor_crosses_the_abi_with_device_and_stream(monkeypatch):
     with pytest.raises(want, match="CUDA device 0" if f["cuda"] else "need a build with CUDA"):
         _core.submit(_core._capi.cfx_allreduce_async,
                      ("py.dev", (0x7f0000001000, _core.FLOAT32, (2, 3), 0, None), None,
-                      _core.check_op(cfx.Sum), 1.0, 1.0), None, None, "allreduce")
+                      _args.check_op(cfx.Sum), 1.0, 1.0), None, None, "allreduce")
 
 
 def test_horovod_build_queries_answer_from_features():

@@ -12,6 +12,7 @@ import weakref
 
 import torch
 
+from conflux import _args
 from conflux import _core
 from conflux._torch_broadcast import allgather_object as _allgather_object
 from conflux._torch_compression import _wire_compression
@@ -199,7 +200,7 @@ def _set_root(process_set, root_rank):
         return root_rank
     if process_set is None or getattr(process_set, "process_set_id", None) == 0:
         return root_rank
-    return _ps.subset_of(process_set).set_rank(_core.check_root(root_rank))
+    return _ps.subset_of(process_set).set_rank(_args.check_root(root_rank))
 
 
 # ---- handles ----
@@ -242,8 +243,8 @@ class _SparseHandle:
 
 def _sparse_allreduce(ops, tensor, name, op, prescale_factor, postscale_factor):
     return _SparseHandle(tensor, ops, name, op,
-                         _core.check_scale(prescale_factor, "prescale_factor") *
-                         _core.check_scale(postscale_factor, "postscale_factor"))
+                         _args.check_scale(prescale_factor, "prescale_factor") *
+                         _args.check_scale(postscale_factor, "postscale_factor"))
 
 
 def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
