@@ -132,7 +132,7 @@ DOCS = {
                      "size ranks get one\nextra row).",
 }
 ADAPTER = _ops.Adapter(
-    nouns=("array", "arrays"), inplace=_inplace, input=_input, copy=_copy, describe=_describe,
+    inplace=_inplace, input=_input, copy=_copy, describe=_describe,
     output_like=_output_like, ndim=lambda a: a.ndim,
     output=lambda handle, index, like: handle.output(index, _allocate),
     as_splits=lambda splits: _np.array(splits, dtype=_np.int64), autograd={}, differentiable=None)

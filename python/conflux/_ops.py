@@ -8,9 +8,9 @@ returns it, and `name_` / `name_async_` work in place and return the input itsel
 
 The functions themselves are ordinary code in conflux._collectives, which tools/gen-python-collectives
 writes from this table (and python/tests/unit/test_generated.py checks it is up to date): one
-factory per array library's nouns (`array`/`arrays`, `tensor`/`tensors`), which install() calls
-with the library's Adapter (how it checks, describes, allocates and copies a tensor); the
-docstrings are the library's.
+factory, one body per function, which install() calls with an array library's Adapter (how it
+checks, describes, allocates and copies a tensor); the docstrings are the library's. The input
+parameter is `tensor` (`tensors` for the grouped ones) in every library, as in Horovod.
 """
 from typing import Callable, NamedTuple
 
@@ -82,7 +82,6 @@ NAMES = tuple(name for op in OPS for name in forms(op))
 
 class Adapter(NamedTuple):
     """What an array library supplies. `what` is the op's name, for error messages."""
-    nouns: tuple           # the input parameter's name, lone and grouped: ("array", "arrays")
     inplace: Callable      # (x, what) -> x, or a view of its memory, checked for writing in place
     input: Callable        # (x, what) -> a contiguous tensor of x's values (x itself if it is)
     copy: Callable         # (x, what) -> a new contiguous tensor of x's values
@@ -112,7 +111,7 @@ def install(module_globals, adapter, docs, submit=_core.submit):
     it reads without the indentation of a def's body. `submit` (as _core.submit) starts a
     collective: the process sets' functions pass one that submits to their own context."""
     module = module_globals["__name__"]
-    made = getattr(_collectives, adapter.nouns[0] + "_collectives")(adapter, submit)
+    made = _collectives.collectives(adapter, submit)
     for name, fn in made.items():
         fn.__module__, fn.__qualname__ = module, name
         doc = docs.get(name)

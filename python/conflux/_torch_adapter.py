@@ -146,7 +146,7 @@ DOCS = {
     "reducescatter": "Reduces over ranks; returns this rank's block of dim 0.",
 }
 ADAPTER = _ops.Adapter(
-    nouns=("tensor", "tensors"), inplace=_inplace, input=_input, copy=_copy, describe=_describe,
+    inplace=_inplace, input=_input, copy=_copy, describe=_describe,
     output_like=_output_like, ndim=lambda t: t.dim(), output=_output,
     as_splits=lambda splits: torch.tensor(splits, dtype=torch.int32), autograd={},
     differentiable=_differentiable)

@@ -86,7 +86,7 @@ def torch_path(request, monkeypatch):
     # conflux.torch's functions made again (conflux._collectives) with the adapter's native call
     # replaced, in the module for the test
     adapter = cfx._ADAPTER._replace(native=counting if request.param == "native" else lambda *args: None)
-    for name, fn in _collectives.tensor_collectives(adapter).items():
+    for name, fn in _collectives.collectives(adapter).items():
         monkeypatch.setattr(cfx, name, fn)
     return request.param, torch, cfx, taken
 

@@ -62,7 +62,7 @@ def test_the_comparison_sees_a_changed_docstring_and_signature(expected):
     got = describe(conflux.allreduce)
     assert got == expected["conflux"]["allreduce"]
 
-    def allreduce(array, op=conflux.Sum, name=None, prescale_factor=1.0, postscale_factor=1.0,
+    def allreduce(tensor, op=conflux.Sum, name=None, prescale_factor=1.0, postscale_factor=1.0,
                   compression=conflux.Compression.none):
         pass
 

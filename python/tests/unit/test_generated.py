@@ -25,6 +25,6 @@ def test_the_collectives_are_ordinary_functions():
     import inspect
     import conflux._collectives as generated
     source = inspect.getsource(conflux.allreduce)
-    assert source.lstrip().startswith("def allreduce(array, op=")
+    assert source.lstrip().startswith("def allreduce(tensor, op=")
     assert inspect.getsourcefile(conflux.allreduce) == inspect.getsourcefile(generated)
     assert conflux.allreduce.__module__ == "conflux" and conflux.allreduce.__qualname__ == "allreduce"
