@@ -43,17 +43,26 @@ def collectives(adapter, submit=_core.submit):
     if not fast:
         native = None
 
+    def native_allreduce(form, name, x, op, prescale_factor, postscale_factor, compression):
+        """The blocking lone allreduce through the adapter's native call: its result, or None
+        for the Python path."""
+        ctx = native_context()
+        r = native(form, name, x, op, prescale_factor, postscale_factor, compression, ctx.address)
+        if r.__class__ is tuple:
+            return wait(Handle(ctx, r[0], r[1], lambda h, v=r[2]: v, 'allreduce', name))
+        return r
+
     # ---- allreduce ----
     allreduce_entry = _capi.cfx_py_allreduce_async
     allreduce_autograd = autograd.get('allreduce')
     allreduce_kind = _capi._capi_native.CFX_PY_ALLREDUCE
-    if fast:
-        def allreduce_async(tensor, op=DEFAULT_op, name=DEFAULT_name,
-                            prescale_factor=DEFAULT_prescale_factor,
-                            postscale_factor=DEFAULT_postscale_factor,
-                            compression=DEFAULT_compression):
-            t = input(tensor, 'allreduce')
-            out, address = output_like(t)
+    def allreduce_async(tensor, op=DEFAULT_op, name=DEFAULT_name,
+                        prescale_factor=DEFAULT_prescale_factor,
+                        postscale_factor=DEFAULT_postscale_factor,
+                        compression=DEFAULT_compression):
+        t = input(tensor, 'allreduce')
+        out, address = output_like(t)
+        if fast:
             ctx = context()
             return Handle(ctx,
                           start(allreduce_kind, check_name(name), describe(t), address,
@@ -61,41 +70,50 @@ def collectives(adapter, submit=_core.submit):
                                 check_scale(postscale_factor, "postscale_factor"), compression,
                                 ctx), (t, out),
                           lambda h: out, 'allreduce', name)
+        return submit(allreduce_entry,
+                      (check_name(name), describe(t), address, check_op(op),
+                       check_scale(prescale_factor, "prescale_factor"),
+                       check_scale(postscale_factor, "postscale_factor"),
+                       check_compression(compression)), (t, out),
+                      lambda h: out, 'allreduce', name)
 
-        def allreduce(tensor, op=DEFAULT_op, name=DEFAULT_name,
-                      prescale_factor=DEFAULT_prescale_factor,
-                      postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
-            if native is not None:
-                ctx = native_context()
-                r = native(1, name, tensor, op, prescale_factor, postscale_factor, compression,
-                           ctx.address)
-                if r is not None:
-                    if r.__class__ is tuple:
-                        return wait(Handle(ctx, r[0], r[1], lambda h, v=r[2]: v, 'allreduce',
-                                           name))
-                    return r
-            if allreduce_autograd is not None and differentiable(tensor, 'allreduce'):
-                return allreduce_autograd.apply(tensor, op, name, prescale_factor, postscale_factor,
-                                                compression)
-            t = input(tensor, 'allreduce')
-            out, address = output_like(t)
+    def allreduce(tensor, op=DEFAULT_op, name=DEFAULT_name, prescale_factor=DEFAULT_prescale_factor,
+                  postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
+        if native is not None:
+            r = native_allreduce(1, name, tensor, op, prescale_factor, postscale_factor,
+                                 compression)
+            if r is not None:
+                return r
+        if allreduce_autograd is not None and differentiable(tensor, 'allreduce'):
+            return allreduce_autograd.apply(tensor, op, name, prescale_factor, postscale_factor,
+                                            compression)
+        t = input(tensor, 'allreduce')
+        out, address = output_like(t)
+        if fast:
             run(allreduce_kind, check_name(name), describe(t), address, check_op(op),
                 check_scale(prescale_factor, "prescale_factor"),
                 check_scale(postscale_factor, "postscale_factor"), compression, context(),
                 (t, out))
             return out
+        return wait(submit(allreduce_entry,
+                           (check_name(name), describe(t), address, check_op(op),
+                            check_scale(prescale_factor, "prescale_factor"),
+                            check_scale(postscale_factor, "postscale_factor"),
+                            check_compression(compression)), (t, out),
+                      lambda h: out, 'allreduce', name))
 
-        def allreduce_async_(tensor, op=DEFAULT_op, name=DEFAULT_name,
-                             prescale_factor=DEFAULT_prescale_factor,
-                             postscale_factor=DEFAULT_postscale_factor,
-                             compression=DEFAULT_compression):
-            if native is not None:
-                ctx = native_context()
-                r = native(2, name, tensor, op, prescale_factor, postscale_factor, compression,
-                           ctx.address)
-                if r is not None:
-                    return Handle(ctx, r, tensor, lambda h: tensor, 'allreduce', name)
-            t = inplace(tensor, 'allreduce')
+    def allreduce_async_(tensor, op=DEFAULT_op, name=DEFAULT_name,
+                         prescale_factor=DEFAULT_prescale_factor,
+                         postscale_factor=DEFAULT_postscale_factor,
+                         compression=DEFAULT_compression):
+        if native is not None:
+            ctx = native_context()
+            r = native(2, name, tensor, op, prescale_factor, postscale_factor, compression,
+                       ctx.address)
+            if r is not None:
+                return Handle(ctx, r, tensor, lambda h: tensor, 'allreduce', name)
+        t = inplace(tensor, 'allreduce')
+        if fast:
             ctx = context()
             return Handle(ctx,
                           start(allreduce_kind, check_name(name), describe(t), None, check_op(op),
@@ -103,76 +121,31 @@ def collectives(adapter, submit=_core.submit):
                                 check_scale(postscale_factor, "postscale_factor"), compression,
                                 ctx), t,
                           lambda h: tensor, 'allreduce', name)
+        return submit(allreduce_entry,
+                      (check_name(name), describe(t), None, check_op(op),
+                       check_scale(prescale_factor, "prescale_factor"),
+                       check_scale(postscale_factor, "postscale_factor"),
+                       check_compression(compression)), t, lambda h: tensor, 'allreduce',
+                      name)
 
-        def allreduce_(tensor, op=DEFAULT_op, name=DEFAULT_name,
-                       prescale_factor=DEFAULT_prescale_factor,
-                       postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
-            if native is not None:
-                ctx = native_context()
-                r = native(0, name, tensor, op, prescale_factor, postscale_factor, compression,
-                           ctx.address)
-                if r is not None:
-                    if r.__class__ is tuple:
-                        return wait(Handle(ctx, r[0], r[1], lambda h, v=r[2]: v, 'allreduce',
-                                           name))
-                    return r
-            t = inplace(tensor, 'allreduce')
+    def allreduce_(tensor, op=DEFAULT_op, name=DEFAULT_name,
+                   prescale_factor=DEFAULT_prescale_factor,
+                   postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
+        if native is not None and native_allreduce(0, name, tensor, op, prescale_factor,
+                                                   postscale_factor, compression) is not None:
+            return tensor
+        t = inplace(tensor, 'allreduce')
+        if fast:
             run(allreduce_kind, check_name(name), describe(t), None, check_op(op),
                 check_scale(prescale_factor, "prescale_factor"),
                 check_scale(postscale_factor, "postscale_factor"), compression, context(), t)
             return tensor
-
-    else:
-        def allreduce_async(tensor, op=DEFAULT_op, name=DEFAULT_name,
-                            prescale_factor=DEFAULT_prescale_factor,
-                            postscale_factor=DEFAULT_postscale_factor,
-                            compression=DEFAULT_compression):
-            t = input(tensor, 'allreduce')
-            out, address = output_like(t)
-            return submit(allreduce_entry,
-                          (check_name(name), describe(t), address, check_op(op),
-                           check_scale(prescale_factor, "prescale_factor"),
-                           check_scale(postscale_factor, "postscale_factor"),
-                           check_compression(compression)), (t, out),
-                          lambda h: out, 'allreduce', name)
-
-        def allreduce(tensor, op=DEFAULT_op, name=DEFAULT_name,
-                      prescale_factor=DEFAULT_prescale_factor,
-                      postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
-            if allreduce_autograd is not None and differentiable(tensor, 'allreduce'):
-                return allreduce_autograd.apply(tensor, op, name, prescale_factor, postscale_factor,
-                                                compression)
-            t = input(tensor, 'allreduce')
-            out, address = output_like(t)
-            return wait(submit(allreduce_entry,
-                               (check_name(name), describe(t), address, check_op(op),
-                                check_scale(prescale_factor, "prescale_factor"),
-                                check_scale(postscale_factor, "postscale_factor"),
-                                check_compression(compression)), (t, out),
-                          lambda h: out, 'allreduce', name))
-
-        def allreduce_async_(tensor, op=DEFAULT_op, name=DEFAULT_name,
-                             prescale_factor=DEFAULT_prescale_factor,
-                             postscale_factor=DEFAULT_postscale_factor,
-                             compression=DEFAULT_compression):
-            t = inplace(tensor, 'allreduce')
-            return submit(allreduce_entry,
-                          (check_name(name), describe(t), None, check_op(op),
-                           check_scale(prescale_factor, "prescale_factor"),
-                           check_scale(postscale_factor, "postscale_factor"),
-                           check_compression(compression)), t, lambda h: tensor, 'allreduce',
-                          name)
-
-        def allreduce_(tensor, op=DEFAULT_op, name=DEFAULT_name,
-                       prescale_factor=DEFAULT_prescale_factor,
-                       postscale_factor=DEFAULT_postscale_factor, compression=DEFAULT_compression):
-            t = inplace(tensor, 'allreduce')
-            return wait(submit(allreduce_entry,
-                               (check_name(name), describe(t), None, check_op(op),
-                                check_scale(prescale_factor, "prescale_factor"),
-                                check_scale(postscale_factor, "postscale_factor"),
-                                check_compression(compression)), t, lambda h: tensor, 'allreduce',
-                          name))
+        return wait(submit(allreduce_entry,
+                           (check_name(name), describe(t), None, check_op(op),
+                            check_scale(prescale_factor, "prescale_factor"),
+                            check_scale(postscale_factor, "postscale_factor"),
+                            check_compression(compression)), t, lambda h: tensor, 'allreduce',
+                      name))
 
 
     # ---- grouped_allreduce ----
@@ -273,53 +246,40 @@ def collectives(adapter, submit=_core.submit):
     broadcast_entry = _capi.cfx_broadcast_async
     broadcast_autograd = autograd.get('broadcast')
     broadcast_kind = _capi._capi_native.CFX_PY_BROADCAST
-    if fast:
-        def broadcast_async(tensor, root_rank, name=DEFAULT_name):
-            return broadcast_async_(copy(tensor, 'broadcast'), root_rank, name)
+    def broadcast_async(tensor, root_rank, name=DEFAULT_name):
+        return broadcast_async_(copy(tensor, 'broadcast'), root_rank, name)
 
-        def broadcast(tensor, root_rank, name=DEFAULT_name):
-            if broadcast_autograd is not None and differentiable(tensor, 'broadcast'):
-                return broadcast_autograd.apply(tensor, root_rank, name)
+    def broadcast(tensor, root_rank, name=DEFAULT_name):
+        if broadcast_autograd is not None and differentiable(tensor, 'broadcast'):
+            return broadcast_autograd.apply(tensor, root_rank, name)
+        if fast:
             t = copy(tensor, 'broadcast')
             run(broadcast_kind, check_name(name), describe(inplace(t, 'broadcast')), None,
                 check_root(root_rank), 0.0, 0.0, 0, context(), t)
             return t
+        return wait(broadcast_async_(copy(tensor, 'broadcast'), root_rank, name))
 
-        def broadcast_async_(tensor, root_rank, name=DEFAULT_name):
-            t = inplace(tensor, 'broadcast')
+    def broadcast_async_(tensor, root_rank, name=DEFAULT_name):
+        t = inplace(tensor, 'broadcast')
+        if fast:
             ctx = context()
             return Handle(ctx,
                           start(broadcast_kind, check_name(name), describe(t), None,
                                 check_root(root_rank), 0.0, 0.0, 0, ctx), t,
                           lambda h: tensor, 'broadcast', name)
+        return submit(broadcast_entry, (check_name(name), describe(t), check_root(root_rank)), t,
+                      lambda h: tensor, 'broadcast',
+                      name)
 
-        def broadcast_(tensor, root_rank, name=DEFAULT_name):
-            t = inplace(tensor, 'broadcast')
+    def broadcast_(tensor, root_rank, name=DEFAULT_name):
+        t = inplace(tensor, 'broadcast')
+        if fast:
             run(broadcast_kind, check_name(name), describe(t), None, check_root(root_rank), 0.0,
                 0.0, 0, context(), t)
             return tensor
-
-    else:
-        def broadcast_async(tensor, root_rank, name=DEFAULT_name):
-            return broadcast_async_(copy(tensor, 'broadcast'), root_rank, name)
-
-        def broadcast(tensor, root_rank, name=DEFAULT_name):
-            if broadcast_autograd is not None and differentiable(tensor, 'broadcast'):
-                return broadcast_autograd.apply(tensor, root_rank, name)
-            return wait(broadcast_async_(copy(tensor, 'broadcast'), root_rank, name))
-
-        def broadcast_async_(tensor, root_rank, name=DEFAULT_name):
-            t = inplace(tensor, 'broadcast')
-            return submit(broadcast_entry, (check_name(name), describe(t), check_root(root_rank)),
-                          t, lambda h: tensor, 'broadcast',
-                          name)
-
-        def broadcast_(tensor, root_rank, name=DEFAULT_name):
-            t = inplace(tensor, 'broadcast')
-            return wait(submit(broadcast_entry,
-                               (check_name(name), describe(t), check_root(root_rank)), t,
-                               lambda h: tensor, 'broadcast',
-                          name))
+        return wait(submit(broadcast_entry, (check_name(name), describe(t), check_root(root_rank)),
+                           t, lambda h: tensor, 'broadcast',
+                      name))
 
 
     # ---- alltoall ----
