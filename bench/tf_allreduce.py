@@ -6,6 +6,9 @@ tensors, 25.6 M values, 102 MB), summed over the ranks, on the same machine, in 
   conflux_tf      conflux.tensorflow.grouped_allreduce of the list (one fused submission; the TF
                   op library's kernels), inside a tf.function, under mpirun -np N
   conflux_tf_eager  the same, called eagerly
+  conflux_tf_grads  the list made inside the tf.function first (x * one), as gradients are: inputs
+                  no one else holds, which the kernels reduce in their own buffers; made_grads
+                  times making them alone, and conflux_tf_grads - made_grads is the reduction
   c_gradset       the C gradient set's step on the same shapes in the same processes and rounds
                   (bench/run's conflux_gradset: owned storage, every gradient marked ready from C,
                   then wait), the reference of the grouped allreduce (target: conflux_tf <= 1.2x)
@@ -108,7 +111,24 @@ def worker_conflux(args):
     def step_eager():
         out = cfx.grouped_allreduce(xs, op=cfx.Sum, name="resnet50.eager")
         out[-1].numpy()
-    steps = {"conflux_tf": step, "conflux_tf_eager": step_eager}
+
+    # As a training step has its gradients: intermediates of the function (here x * one, `one` an
+    # argument so that nothing folds it away), which no one else holds, so the kernels reduce them
+    # in their own buffers (TF forwards such an input to the output). made_grads makes the same
+    # intermediates alone: conflux_tf_grads - made_grads is the reduction's share.
+    one = tf.constant(1.0)
+    grads_fn = tf.function(lambda one, *t: cfx.grouped_allreduce([x * one for x in t], op=cfx.Sum,
+                                                                 name="resnet50.grads"))
+    made_fn = tf.function(lambda one, *t: [x * one for x in t])
+    check(grads_fn(one, *xs), n)
+
+    def step_grads():
+        grads_fn(one, *xs)[-1].numpy()
+
+    def made_grads():
+        made_fn(one, *xs)[-1].numpy()
+    steps = {"conflux_tf": step, "conflux_tf_eager": step_eager, "conflux_tf_grads": step_grads,
+             "made_grads": made_grads}
     if not args.no_gradset:
         steps["c_gradset"] = c_gradset_step(conflux, n)
     # Interleaved rounds, each method once a round after a barrier: the machine's load moves
@@ -260,6 +280,10 @@ def main():
     if "c_gradset" in rows:
         for k in ("conflux_tf", "conflux_tf_eager"):
             print("ratio %s / c_gradset = %.3f (target <= 1.2)" % (k, rows[k] / rows["c_gradset"]))
+        if "conflux_tf_grads" in rows and "made_grads" in rows:
+            share = rows["conflux_tf_grads"] - rows["made_grads"]
+            print("ratio (conflux_tf_grads - made_grads) / c_gradset = %.3f (%.2f ms; target <= 1.2)"
+                  % (share / rows["c_gradset"], share * 1e3))
 
 
 if __name__ == "__main__":
