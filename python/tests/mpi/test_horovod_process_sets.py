@@ -3,6 +3,7 @@ numbering, every collective on sets that overlap and leave ranks out (also at th
 repeated adding and removing, sets from init and from mpi4py communicators, the object and state
 helpers, and a DistributedOptimizer per set. Expected values are recomputed here from every
 rank's known contribution."""
+import time
 import warnings
 
 import numpy as np
@@ -334,3 +335,35 @@ def test_broadcast_optimizer_state_with_parameters_without_gradients(rank, size)
         for name, t in want["state"][k].items():
             assert torch.equal(torch.as_tensor(got["state"][k][name]), torch.as_tensor(t)), name
     assert all(p.grad is None for p in unused.parameters())
+
+
+
+def test_a_sets_barrier_holds_its_members_only(rank, size):
+    """Rank 0 arrives late at the even ranks' barrier. Every even rank leaves it after rank 0
+    arrived, and the odd ranks' barrier, which rank 0 is not in, lets them go before. Told by the
+    host's monotonic clock, which all ranks of this job share (one host): a causal check, no
+    margin. (Horovod's own test of this times each rank and wants >= 5 s with no margin.)"""
+    evens = hvd.add_process_set(list(range(0, size, 2)))
+    odds = hvd.add_process_set(list(range(1, size, 2))) if size > 2 else None
+    try:
+        hvd.barrier()
+        arrived = None
+        if rank == 0:
+            time.sleep(1.0)
+            arrived = time.monotonic()
+        if rank % 2 == 0:
+            hvd.barrier(process_set=evens)
+        elif odds is not None:
+            hvd.barrier(process_set=odds)
+        left = time.monotonic()
+        times = hvd.allgather_object((arrived, left))
+        rank0_arrived = times[0][0]
+        for r, (_, r_left) in enumerate(times):
+            if r % 2 == 0:
+                assert r_left >= rank0_arrived, "rank %d left the even ranks' barrier first" % r
+            elif odds is not None:
+                assert r_left < rank0_arrived, "rank %d waited for rank 0, outside its set" % r
+    finally:
+        hvd.remove_process_set(evens)
+        if odds is not None:
+            hvd.remove_process_set(odds)
