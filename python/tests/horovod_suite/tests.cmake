@@ -15,8 +15,8 @@
 #   than this host's 2 cores, ranks return from that allreduce a scheduling slice apart, so one
 #   that returned later measures 4.99 s (and, failing, skips the test's last barrier, which the
 #   others then report as a stall). The stall itself is checked with a margin by
-#   python/tests/mpi/test_numpy_collectives.py::test_barrier (the job's) and
-#   test_process_sets.py (a set's) at 2, 3 and 4 ranks.
+#   python/tests/mpi/test_numpy_collectives.py::test_barrier (the job's) and, for a set's, by
+#   test_horovod_process_sets.py::test_a_sets_barrier_holds_its_members_only, at 2, 3 and 4 ranks.
 # Included by python/CMakeLists.txt inside if(BUILD_TESTING) where MPI is built.
 execute_process(COMMAND ${Python3_EXECUTABLE} -c "import torch, numpy, packaging, pytest"
                 RESULT_VARIABLE _hvds_rc OUTPUT_QUIET ERROR_QUIET)
