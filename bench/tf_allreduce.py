@@ -187,14 +187,16 @@ def free_ports(k):
 
 
 def results(outputs):
+    """Each rank's RESULT object, the max over ranks per row. Read wherever "RESULT " starts, not
+    per line: mpirun forwards the ranks' output in chunks, and two ranks' lines can arrive joined."""
     rows = {}
+    decoder = json.JSONDecoder()
     for out in outputs:
-        for line in out.splitlines():
-            if line.startswith("RESULT "):
-                d = json.loads(line[7:])
-                for k, v in d.items():
-                    if k != "rank":
-                        rows[k] = max(rows.get(k, 0.0), v)
+        for chunk in out.split("RESULT ")[1:]:
+            d, _ = decoder.raw_decode(chunk)
+            for k, v in d.items():
+                if k != "rank":
+                    rows[k] = max(rows.get(k, 0.0), v)
     return rows
 
 
