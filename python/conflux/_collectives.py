@@ -35,8 +35,8 @@ check_compression = _args.check_compression
 def collectives(adapter, submit=_core.submit):
     """{name: function} of every collective of conflux._ops.OPS on the tensors of the
     array library whose `adapter` this is (NumPy arrays, torch tensors), starting
-    collectives through `submit`: the fast path on the job's context when `submit` is
-    _core.submit."""
+    collectives through `submit`: the fast path on the job's context when
+    `submit` is _core.submit."""
     (inplace, input, copy, describe, output_like, ndim, output, as_splits, autograd,
      differentiable, native) = adapter
     fast = submit is _core.submit
