@@ -16,12 +16,13 @@ Min = _capi.CFX_OP_MIN
 Max = _capi.CFX_OP_MAX
 Product = _capi.CFX_OP_PRODUCT
 Adasum = _capi.CFX_OP_ADASUM  # adaptive summation: float tensors on the CPU, allreduce only
-_OPS = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product",
-        Adasum: "Adasum"}
+# Each op's name, for messages (conflux.tensorflow's gradients name the op they refuse).
+OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max", Product: "Product",
+            Adasum: "Adasum"}
 
 
 def check_op(op):
-    if isinstance(op, bool) or op not in _OPS:
+    if isinstance(op, bool) or op not in OP_NAMES:
         raise ValueError("unknown reduction op %r; use Sum, Average, Min, Max, Product or Adasum" % (op,))
     return int(op)
 

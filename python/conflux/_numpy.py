@@ -7,8 +7,8 @@ import math as _math
 
 import numpy as _np
 
-from . import _capi
 from . import _args
+from . import _capi
 from . import _core
 from . import _dlpack
 from . import _ops

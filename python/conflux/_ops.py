@@ -14,9 +14,9 @@ parameter is `tensor` (`tensors` for the grouped ones) in every library, as in H
 """
 from typing import Callable, NamedTuple
 
+from . import _args
 from . import _capi
 from . import _collectives
-from . import _args
 from . import _core
 
 # ---- how the out-of-place result is made ----

@@ -7,8 +7,8 @@ import math
 
 import torch
 
-from . import _capi
 from . import _args
+from . import _capi
 from . import _core
 from . import _ops
 

@@ -33,8 +33,8 @@ import weakref
 import numpy as np
 import torch
 
-from . import _capi
 from . import _args
+from . import _capi
 from . import _core
 from . import _torch_collectives
 from ._core import Adasum, Average, Max, Min, Product, Sum, size

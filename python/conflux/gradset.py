@@ -21,8 +21,8 @@ import operator as _operator
 
 import numpy as _np
 
-from . import _capi
 from . import _args
+from . import _capi
 from . import _core
 from ._numpy import _describe, _dtype_code, _inplace
 

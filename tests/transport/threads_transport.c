@@ -20,15 +20,15 @@
 
 cx_transport_create_fn cx_transport_threads_create;
 
-/* The local transport's table under this transport's name, filled by the first rank to finish
- * (under published_mu: every rank thread gets here at about the same time). */
-static cx_transport_ops threads_ops;
-
 /* The world rank 0 made, handed over under a lock as well as through the store: the store says
  * when it is there, the lock orders its memory for the other threads (a sanitizer sees the
  * hand-over; the store alone, a file or a socket, it cannot). */
 static pthread_mutex_t published_mu = PTHREAD_MUTEX_INITIALIZER;
 static cx_local_world *published;
+
+/* The local transport's table under this transport's name, filled under published_mu by the first
+ * rank to finish (every rank thread gets there at about the same time). */
+static cx_transport_ops threads_ops;
 
 cfx_status cx_transport_threads_create(const cx_transport_params *p, cx_transport **out)
 {

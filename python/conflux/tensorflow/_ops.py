@@ -180,7 +180,7 @@ _AVERAGE = _core.Average
 def _reduced_grad(op_name, grad, op, pre, post, compression=0, ps=0):
     if op not in (_SUM, _AVERAGE):
         raise NotImplementedError("conflux.tensorflow: the gradient of %s with op %s is not defined "
-                                  "(only Sum and Average have one)" % (op_name, _args._OPS.get(op, op)))
+                                  "(only Sum and Average have one)" % (op_name, _args.OP_NAMES.get(op, op)))
     return allreduce(grad, op, pre, post, compression, ps=ps)
 
 
