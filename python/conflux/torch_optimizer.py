@@ -31,8 +31,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=NoneCompr
     order, but must register the same names, dtypes and shapes, else MismatchError naming the
     gradient), and so is a later add_param_group().
     gradient_storage="conflux" (the default): every CPU parameter's .grad is a view into the
-    set's storage in shared tensor memory, kept across zero_grad() (set_to_none=True puts it back
-    zeroed), so the reductions run in place without copies. "framework": the gradients stay in
+    set's storage in shared tensor memory, so the reductions run in place without copies;
+    zero_grad(set_to_none=True) sets .grad to None as torch does, and backward's next gradient is
+    copied into the view. "framework": the gradients stay in
     torch's own memory, each reduced by its own allreduce (as are CUDA parameters, and every
     gradient under a compressor of one's own).
     compression: Compression.none, Compression.fp16 or a conflux.Compression value is the

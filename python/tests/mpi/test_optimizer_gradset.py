@@ -1,6 +1,7 @@
 """conflux.torch.DistributedOptimizer on its gradient set, across ranks: registration in a different
 order on every rank, readiness in a different order on every rank (real backward passes), the
-.grad views into the set's storage (kept across zero_grad, also set_to_none=True), accumulation,
+.grad views into the set's storage (zeroed by zero_grad(set_to_none=False), None after
+set_to_none=True until the hooks copy backward's gradient in), accumulation,
 unused parameters, parameters added later, ops, fp16 compression on the set, the per-call paths
 (gradient_storage="framework", other compressors) and a mismatched registration. Every result is
 checked against the reduction of what each rank contributed, recomputed here with numpy from
@@ -142,11 +143,13 @@ def test_grads_are_views_into_shared_storage_across_zero_grad(rank, size):
     where = {name: p.grad.data_ptr() for name, p in params}
     assert all(shared(p.grad) for _, p in params)
     for step, reset in enumerate(["optimizer", "set_to_none", "model_set_to_none", "none"]):
-        if reset == "optimizer":
-            opt.zero_grad()
+        if reset == "optimizer":  # zeroed in place
+            opt.zero_grad(set_to_none=False)
+            assert all(not p.grad.any() for _, p in params)
+            assert {name: p.grad.data_ptr() for name, p in params} == where
         elif reset == "set_to_none":
-            opt.zero_grad(set_to_none=True)
-            assert all(p.grad is not None and not p.grad.any() for _, p in params)
+            opt.zero_grad(set_to_none=True)  # None, as torch does; the hooks bring the views back
+            assert all(p.grad is None for _, p in params)
         elif reset == "model_set_to_none":  # behind the optimizer's back: the hooks take it back
             for _, p in params:
                 p.grad = None
@@ -166,7 +169,9 @@ def test_grads_are_views_into_shared_storage_across_zero_grad(rank, size):
             check(params, size, step)
         assert {name: p.grad.data_ptr() for name, p in params} == where, reset
     opt.zero_grad(set_to_none=True)
+    opt.step()  # without a backward: every view comes back, zeroed, and is reduced as it is
     assert {name: p.grad.data_ptr() for name, p in params} == where
+    assert all(not p.grad.any() for _, p in params)
 
 
 @pytest.mark.parametrize("passes", [2, 3])
