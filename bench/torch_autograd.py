@@ -130,7 +130,7 @@ def main():
     ap.add_argument("--conflux", choices=["auto", "off"], default="auto")
     ap.add_argument("--bucket-bytes", default="",
                     help="comma list: also conflux.torch.DistributedOptimizer rows with these bucket sizes "
-                         "(CFX_GRADSET_BUCKET_BYTES while each is made), in the same rounds: A/B of the plan")
+                         "(its bucket_bytes), in the same rounds: A/B of the plan")
     ap.add_argument("--timeline", default="",
                     help="the engine's timeline of the timed steps of each model into PATH (docs/timeline.md: "
                          "when each bucket went out; %%r is the rank), e.g. /tmp/ag-%%r.json")
@@ -263,15 +263,9 @@ def main():
                                            named_parameters=m.named_parameters())
             methods.append((name, m, opt, cfx.barrier if cfx else dist.barrier))
         for b in [int(v) for v in args.bucket_bytes.split(",") if v] if cfx else []:
-            before = os.environ.get("CFX_GRADSET_BUCKET_BYTES")
-            os.environ["CFX_GRADSET_BUCKET_BYTES"] = str(b)  # read when the optimizer's set is made
             m = build()
             opt = cfx.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=lr),
-                                           named_parameters=m.named_parameters())
-            if before is None:
-                del os.environ["CFX_GRADSET_BUCKET_BYTES"]
-            else:
-                os.environ["CFX_GRADSET_BUCKET_BYTES"] = before
+                                           named_parameters=m.named_parameters(), bucket_bytes=b)
             methods.append(("torch_conflux_optimizer_b%dK" % (b >> 10), m, opt, cfx.barrier))
         nparams = sum(1 for _ in local.parameters())
         nbytes = sum(p.numel() * 4 for p in local.parameters())

@@ -154,7 +154,7 @@ class _GradSet:
     buffer in the set's storage becomes its .grad."""
 
     def __init__(self, ctx, name, entries, op, prescale, postscale, passes, compression,
-                 error_feedback, handles, nodes):
+                 error_feedback, handles, nodes, bucket_bytes=0):
         opts = _capi.cfx_gradset_options()
         _capi.cfx_gradset_options_init(opts, _capi.CFX_GRADSET_OPTIONS_VERSION)
         opts.op = op
@@ -163,6 +163,7 @@ class _GradSet:
         opts.accumulate_steps = passes
         opts.compression = compression
         opts.error_feedback = error_feedback
+        opts.bucket_bytes = bucket_bytes
         self.name = name
         self.compression = compression
         self.native = native = _Native(_capi.cfx_gradset_create(ctx.ptr, name, opts), ctx)
@@ -252,7 +253,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
                  gradient_predivide_factor, gradient_storage, error_feedback=False,
-                 process_set=None):
+                 process_set=None, bucket_bytes=0):
         super(self.__class__, self).__init__(params)
         self._wire, self._compression = _compression_plan(compression)
         self._error_feedback = 1 if error_feedback else 0
@@ -272,6 +273,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.gradient_predivide_factor = float(gradient_predivide_factor)
         self.gradient_storage = gradient_storage
         self.process_set = process_set
+        if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 0:
+            raise ValueError("bucket_bytes must be an int >= 0 (0: the engine's bucket size), not %r"
+                             % (bucket_bytes,))
+        self._bucket_bytes = bucket_bytes
 
         self._parameter_names = {v: k for k, v in _checked_names(self, named_parameters)}
         self.backward_passes_per_step = _checked_passes(backward_passes_per_step)
@@ -336,7 +341,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             s = _GradSet(self._ctx, _set_name(self._SET_PREFIX, self._ctx), entries[compression],
                          self.op, pre, post, self.backward_passes_per_step, compression,
                          self._error_feedback if compression else 0, self._hook_handles,
-                         self._grad_accs)
+                         self._grad_accs, self._bucket_bytes)
             self._sets.append(s)
             self._set_params.update(s.params)
 

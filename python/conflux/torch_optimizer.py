@@ -23,7 +23,7 @@ from ._torch_gradset_optimizer import STORAGES, _DistributedOptimizer  # noqa: F
 def DistributedOptimizer(optimizer, named_parameters=None, compression=NoneCompressor,
                          backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
                          gradient_storage="conflux", shared_gradients=None, error_feedback=False,
-                         process_set=None):
+                         process_set=None, bucket_bytes=0):
     """Wraps a torch optimizer: its gradients are reduced over the ranks (op, Average by
     default) as backward produces them, and step() waits for them before updating. Returns an
     instance of a subclass of the optimizer's class. Construction is collective: the parameters
@@ -48,6 +48,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=NoneCompr
     over its ranks (Average: divided by its size), in gradient sets on its context; construction
     is collective over its ranks; a rank outside it reduces nothing (step() is the wrapped
     optimizer's).
+    bucket_bytes: the gradient sets' bucket size (0: the engine's, CFX_GRADSET_BUCKET_BYTES or
+    25 MiB); a bucket goes out once backward produced all of its gradients, like DDP's
+    bucket_cap_mb.
     shared_gradients is the older spelling (True: "conflux", False: "framework")."""
     if shared_gradients is not None:
         warnings.warn("DistributedOptimizer(shared_gradients=...) is now gradient_storage="
@@ -65,6 +68,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=NoneCompr
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-                  gradient_predivide_factor, gradient_storage, error_feedback, process_set)
+                  gradient_predivide_factor, gradient_storage, error_feedback, process_set,
+                  bucket_bytes)
     wrapped.defaults = optimizer.defaults  # for add_param_group (the class's own are placeholders)
     return wrapped

@@ -6,6 +6,7 @@ unused parameters, parameters added later, ops, fp16 compression on the set, the
 (gradient_storage="framework", other compressors) and a mismatched registration. Every result is
 checked against the reduction of what each rank contributed, recomputed here with numpy from
 conftest.contribution."""
+import re
 import warnings
 
 import numpy as np
@@ -172,6 +173,21 @@ def test_grads_are_views_into_shared_storage_across_zero_grad(rank, size):
     opt.step()  # without a backward: every view comes back, zeroed, and is reduced as it is
     assert {name: p.grad.data_ptr() for name, p in params} == where
     assert all(not p.grad.any() for _, p in params)
+
+
+@pytest.mark.parametrize("bucket_bytes", [64, 1 << 30])
+def test_bucket_bytes(rank, size, bucket_bytes):
+    """A bucket per gradient (64 bytes) or one bucket for all: the same averages."""
+    params = make_params()
+    opt = make_opt(params, rank, bucket_bytes=bucket_bytes)
+    for step in range(2):
+        train_step(opt, params, rank, size, step)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "64"])
+def test_bucket_bytes_must_be_a_natural_number(rank, size, bad):
+    with pytest.raises(ValueError, match="bucket_bytes must be an int >= 0.*%s" % re.escape(repr(bad))):
+        make_opt(make_params(), rank, bucket_bytes=bad)
 
 
 @pytest.mark.parametrize("passes", [2, 3])
