@@ -235,37 +235,51 @@ typedef struct round_view {
     int *prev;      /* world round - 1 */
     size_t nprev;
     int *here;      /* prev members present (1) or not (0), by old rank */
+    int *gone;      /* prev members marked gone (1) or not (0), by old rank */
     int newcomers[NEWCOMER_WINDOW];
     size_t nnew;    /* newcomers present, ascending ids */
-    int leader;     /* the first present participant's id, -1 when none */
+    size_t waiting; /* prev members neither present nor gone: they may still come */
+    int leader;     /* the participant that decides now, -1 when none may */
     int accounted;  /* every member of prev is present or gone */
+    int me_gone;    /* this process is marked gone: no round counts on it */
 } round_view;
 
+/* Who leads: the first member of world round - 1 present; a newcomer only once no member of that
+ * world may still come (every one is gone). The members come to a round only at their next
+ * commit or check, which may be long after a newcomer started: a newcomer that led while they may
+ * still come would decide a world without them after settle_s, which splits the job or loses its
+ * trained state. New workers wait for the existing ones, as in Horovod; at its deadline such a
+ * newcomer gives up without deciding (no_leader). */
 static cfx_status look(cx_membership *m, int round, int first_new, round_view *v)
 {
     cfx_status st = CFX_OK;
-    v->leader = -1;
-    v->accounted = 1;
+    int first_prev = -1;
+    v->waiting = 0;
     v->nnew = 0;
     for (size_t i = 0; !st && i < v->nprev; i++) {
         char gone[KEY_MAX];
-        int is_gone = 0;
         st = hello_of(m, round, v->prev[i], &v->here[i]);
         snprintf(gone, sizeof gone, "gone/%d", v->prev[i]);
+        v->gone[i] = 0;
         if (!st && !v->here[i])
-            st = present(m, gone, &is_gone);
-        v->accounted = v->accounted && (v->here[i] || is_gone);
-        if (v->here[i] && v->leader < 0)
-            v->leader = v->prev[i];
+            st = present(m, gone, &v->gone[i]);
+        v->waiting += !v->here[i] && !v->gone[i];
+        if (v->here[i] && first_prev < 0)
+            first_prev = v->prev[i];
     }
     for (int id = first_new; !st && id < first_new + NEWCOMER_WINDOW; id++) {
         int yes = 0;
-        if (index_of(v->prev, v->nprev, id) < 0 && !(st = hello_of(m, round, id, &yes)) && yes) {
+        if (index_of(v->prev, v->nprev, id) < 0 && !(st = hello_of(m, round, id, &yes)) && yes)
             v->newcomers[v->nnew++] = id;
-            if (v->leader < 0)
-                v->leader = id;
-        }
     }
+    char mine[KEY_MAX];
+    snprintf(mine, sizeof mine, "gone/%d", m->id);
+    if (!st)
+        st = present(m, mine, &v->me_gone);
+    v->accounted = v->waiting == 0;
+    v->leader = first_prev;
+    if (v->leader < 0 && v->accounted && v->nnew)
+        v->leader = v->newcomers[0];
     return st;
 }
 
@@ -325,6 +339,33 @@ static void describe_left(char *out, size_t cap, const int *prev, size_t nprev, 
         snprintf(out, cap, "none");
 }
 
+/* The deadline passed and nobody may lead: no member of world round - 1 came, yet some may still
+ * come (neither here nor gone), and this process is not one of them (a newcomer). It gives up
+ * without a decision: a decision now would be a world without the old members (a split job, or
+ * its state lost) or a failure that ends a job whose members are only slow to reach their next
+ * check. The round stays open for them; the launcher marks this process gone once it exits. */
+static cfx_status no_leader(const cx_membership *m, int round, const cfx_reform_options *o,
+                            const round_view *v)
+{
+    char ids[256];
+    size_t len = 0, shown = 0;
+    ids[0] = '\0';
+    for (size_t i = 0; i < v->nprev && len + 24 < sizeof ids; i++)
+        if (!v->here[i] && !v->gone[i])
+            len += (size_t)snprintf(ids + len, sizeof ids - len, "%s%d", shown++ ? ", " : "",
+                                    v->prev[i]);
+    if (!shown) /* e.g. a survivor a round left out whose id is below the newcomers' window */
+        return cx_fail(CFX_ERR_TIMEOUT, "membership round %d: member id %d waited until the "
+                       "deadline (%g s), and nobody leads the round: every member of the world "
+                       "before is gone, and this process is not among the newcomers it counts "
+                       "(ids above the largest known)", round, m->id, o->timeout_s);
+    return cx_fail(CFX_ERR_TIMEOUT, "membership round %d: member id %d waited until the deadline "
+                   "(%g s) for the members of the world before, and none came (id%s %s neither "
+                   "came nor %s marked gone); a newcomer does not form a world without them, so "
+                   "the round stays open for them", round, m->id, o->timeout_s,
+                   shown == 1 ? "" : "s", ids, shown == 1 ? "is" : "are");
+}
+
 /* Takes part in round `round`: *included = 1 with m's world updated, or 0 when the decision left
  * this process out (it tries the next round). */
 static cfx_status take_part(cx_membership *m, int round, const cfx_reform_options *o,
@@ -335,11 +376,12 @@ static cfx_status take_part(cx_membership *m, int round, const cfx_reform_option
     cfx_status st = world_before(m, round, &v.prev, &v.nprev);
     if (st)
         return st;
-    v.here = calloc(v.nprev ? v.nprev : 1, sizeof *v.here);
+    v.here = calloc(v.nprev ? 2 * v.nprev : 1, sizeof *v.here);
     if (!v.here) {
         free(v.prev);
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for round %d", round);
     }
+    v.gone = v.here + v.nprev; /* one allocation, freed with here */
     int first_new = m->max_id + 1;
     for (size_t i = 0; i < v.nprev; i++)
         first_new = v.prev[i] + 1 > first_new ? v.prev[i] + 1 : first_new;
@@ -351,18 +393,31 @@ static cfx_status take_part(cx_membership *m, int round, const cfx_reform_option
     if (settle_end > deadline)
         settle_end = deadline;
     char *text = NULL;
+    v.leader = -1;
     while (!st) {
         if ((st = decision_of(m, round, &text)) || text)
             break;
+        /* Look before judging the deadline, so that the message names who leads now. */
+        if ((st = look(m, round, first_new, &v)))
+            break;
         double now = cx_now_s();
+        if (v.me_gone) { /* hello_of leaves it out everywhere: no round would ever include it */
+            st = cx_fail(CFX_ERR_MEMBERSHIP_CHANGED, "membership round %d: this process (member "
+                         "id %d) is marked gone in the store (gone/%d: its launcher reported it "
+                         "dead), so no round counts on it; a new process must take its place",
+                         round, m->id, m->id);
+            break;
+        }
+        if (v.leader < 0 && now >= deadline) {
+            st = no_leader(m, round, o, &v);
+            break;
+        }
         if (now > deadline + DECISION_GRACE_S) {
             st = cx_fail(CFX_ERR_TIMEOUT, "membership round %d: no decision by the deadline "
                          "(%g s); the round's leader (member id %d) did not decide", round,
                          o->timeout_s, v.leader);
             break;
         }
-        if ((st = look(m, round, first_new, &v)))
-            break;
         int decided = 0;
         if (v.leader == m->id && (v.accounted || now >= settle_end) &&
             (st = decide(m, round, &v, o, now >= deadline, &decided)))
