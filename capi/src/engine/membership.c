@@ -317,9 +317,12 @@ static cfx_status decide(cx_membership *m, int round, const round_view *v,
                 len += (size_t)snprintf(text + len, textcap - len, " id %d (rank %zu)",
                                         v->prev[i], i);
     }
+    /* Set once: two participants may both lead for a poll (one's hello came between the other's
+     * looks, or two reached the deadline together); the first decision stays, and every
+     * participant, this one included, goes by the decision it then reads from the store. */
     char key[KEY_MAX];
     snprintf(key, sizeof key, "r%d/decision", round);
-    cfx_status st = cx_store_set(m->store, key, text, strlen(text));
+    cfx_status st = cx_store_set_once(m->store, key, text, strlen(text));
     free(text);
     *decided = !st;
     return st;
