@@ -23,6 +23,9 @@
  *   test_elastic_rounds replace NP    every member of the first world dies; NP newcomers started
  *                                     after that form a world of their own (a newcomer leads once
  *                                     every old member is gone)
+ *   test_elastic_rounds slow_start NP the last member starts after the others' settle time: the
+ *                                     first world forms without it, and it comes back at their
+ *                                     next check (a member a round left out is no newcomer)
  *   test_elastic_rounds marked_gone NP  the last member is marked gone while it still runs (a
  *                                     driver that wrote off a silent host): the others re-form
  *                                     without it, and its reform fails at once saying so (it no
@@ -45,9 +48,11 @@
 #define STEPS 12
 #define DIE_AT 5
 /* late: the newcomer's settle time, and how long the members train past the newcomer's hello
- * before their next check (well past the settle time, well within the deadline). */
+ * before their next check (well past the settle time, well within the deadline). slow_start:
+ * how much later than the others the last member starts (past LATE_SETTLE_S). */
 #define LATE_SETTLE_S 1.0
 #define LATE_DELAY_S 4.0
+#define SLOW_START_S 3
 
 #define CHECK(cond, ...)                                                                \
     do {                                                                                \
@@ -235,6 +240,21 @@ static int lose_one(int how_kill, int min_size)
     return 0;
 }
 
+/* How many wait for the next round, the most any member saw (cfx_membership_pending is a local
+ * look): the members agree before they re-form. `name` must be the same on every member. */
+static int32_t agree_pending(cfx_context *ctx, const char *name)
+{
+    int32_t seen = 0, agreed = 0;
+    CHECK(cfx_membership_pending(ctx, &seen) == CFX_OK, "pending");
+    int64_t one = 1;
+    cfx_tensor t = {.data = &seen, .shape = &one, .ndim = 1, .dtype = CFX_INT32, .device = -1};
+    cfx_handle h;
+    CHECK(!cfx_allreduce_async(ctx, name, &t, &agreed, CFX_OP_MAX, 1, 1, &h) &&
+          !cfx_wait(ctx, h, 60), "agree on who waits (%s)", name);
+    cfx_handle_release(ctx, h);
+    return agreed;
+}
+
 /* The first world has NP members; a newcomer (id NP, started by the launcher later) says hello;
  * the members agree (a max over what each saw) to let it in at the next step. */
 static int grow(void)
@@ -244,17 +264,9 @@ static int grow(void)
     cfx_reform_options o = options(1);
     double give_up = now_s() + 120;
     for (int k = 0; now_s() < give_up && cfx_size(ctx) == first; k++) {
-        int32_t seen = 0, agreed = 0;
-        CHECK(cfx_membership_pending(ctx, &seen) == CFX_OK, "pending");
-        int64_t one = 1;
-        cfx_tensor t = {.data = &seen, .shape = &one, .ndim = 1, .dtype = CFX_INT32, .device = -1};
-        cfx_handle h;
         char name[32];
         snprintf(name, sizeof name, "seen.%d", k);
-        CHECK(!cfx_allreduce_async(ctx, name, &t, &agreed, CFX_OP_MAX, 1, 1, &h) &&
-              !cfx_wait(ctx, h, 60), "agree on newcomers");
-        cfx_handle_release(ctx, h);
-        if (agreed > 0)
+        if (agree_pending(ctx, name) > 0)
             CHECK(cfx_context_reform(ctx, &o) == CFX_OK, "reform for the newcomer");
         else
             usleep(20000);
@@ -321,6 +333,34 @@ static int replace(void)
     return finish(ctx, first, "in the newcomers' world");
 }
 
+/* The last member starts SLOW_START_S after the others, past their settle time: the first world
+ * forms without it, and the round leaves it out. It takes part in the next round, and the
+ * others, seeing it waiting there (cfx_membership_pending), let it back in at their next check:
+ * everyone ends in one world of NP. (It used to wait in that round, counted by nobody: its id is
+ * no newcomer's.) Any member that came too late under load comes back the same way. */
+static int slow_start(void)
+{
+    int first = atoi(getenv("CFX_SIZE"));
+    cfx_reform_options o = options(1);
+    o.settle_s = LATE_SETTLE_S;
+    cfx_context *ctx = NULL;
+    CHECK(cfx_elastic_init(NULL, &o, &ctx) == CFX_OK, "cfx_elastic_init");
+    int round = cfx_membership_round(ctx);
+    for (int k = 0; cfx_size(ctx) < first; k++) {
+        CHECK(k < 6000, "nobody came back in 120 s (size %d)", cfx_size(ctx));
+        char name[32];
+        snprintf(name, sizeof name, "seen.r%d.%d", round, k); /* k counts from this round on */
+        if (agree_pending(ctx, name) > 0) {
+            CHECK(cfx_context_reform(ctx, &o) == CFX_OK, "reform for the late member");
+            round = cfx_membership_round(ctx);
+            k = -1;
+        } else {
+            usleep(20000);
+        }
+    }
+    return finish(ctx, first, "after the late member came back");
+}
+
 /* The last member is marked gone (as a driver does for a host it wrote off) while it still
  * runs; every member then re-forms. The others form a world without it; its own reform fails at
  * once with CFX_ERR_MEMBERSHIP_CHANGED saying it is marked gone. */
@@ -377,7 +417,7 @@ int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc != 3) {
-        fprintf(stderr, "usage: %s reform50|kill|exit|stop|grow|below_min|late|replace|marked_gone NP\n", argv[0]);
+        fprintf(stderr, "usage: %s reform50|kill|exit|stop|grow|below_min|late|replace|slow_start|marked_gone NP\n", argv[0]);
         return 2;
     }
     const char *mode = argv[1];
@@ -405,6 +445,8 @@ int main(int argc, char **argv)
             return replace();
         if (!strcmp(mode, "marked_gone"))
             return marked_gone();
+        if (!strcmp(mode, "slow_start"))
+            return slow_start();
         (void)np;
         return 2;
     }
@@ -418,8 +460,12 @@ int main(int argc, char **argv)
     int replacing = !strcmp(mode, "replace");
     int total = np + (!strcmp(mode, "grow") || !strcmp(mode, "late")) + (replacing ? np : 0);
     pid_t pids[16];
-    for (int i = 0; i < np; i++)
+    int slow = !strcmp(mode, "slow_start");
+    for (int i = 0; i < np; i++) {
+        if (slow && i == np - 1)
+            sleep(SLOW_START_S); /* the others' first world forms without it */
         pids[i] = start(dir, i, np, argv);
+    }
     if (total > np && !replacing) {
         sleep(2); /* the first world trains a while before the newcomer comes */
         pids[np] = start(dir, np, np, argv);
