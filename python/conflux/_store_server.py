@@ -4,7 +4,9 @@ The protocol is capi/src/rendezvous/store_tcp.c's (tools/cfxrun serves the same 
 the server sends the greeting "CFXSTORE1\\n" and a 32-bit big-endian generation (0: it serves every
 world a job forms); then requests, integers 32-bit big-endian: 'S' klen key vlen value -> 1 byte
 (1); 'C' klen key -> 1 byte (1 set, 0 not); 'G' klen key -> 1 byte (set or not), then vlen value
-when set. Keys are set once; a client waits by polling 'C'.
+when set; 'O' klen key vlen value -> 1 byte (1 set now, 0 it was set already and stays: the first
+value wins, as a membership round's decision needs). 'S' overwrites; a client waits by polling
+'C'.
 
 `StoreServer` is what a launcher serves from a Python driver (conflux.spark's and conflux.ray's:
 ranks get CFX_RENDEZVOUS_ADDR and CFX_RENDEZVOUS_EXTERNAL=1); `on_set` and `on_close` let the launcher watch its own keys (a task's
@@ -123,13 +125,15 @@ class StoreServer:
             while True:
                 op = _read(conn, 1)
                 key = _blob(conn)
-                if op == b"S":
+                if op in (b"S", b"O"):
                     value = _blob(conn)
                     with self._lock:
-                        self._data[key] = value
-                    if self._on_set:
+                        stored = op == b"S" or key not in self._data
+                        if stored:
+                            self._data[key] = value
+                    if stored and self._on_set:
                         self._on_set(key.decode(errors="replace"), value, conn_id)
-                    conn.sendall(b"\x01")
+                    conn.sendall(b"\x01" if stored else b"\x00")
                 elif op == b"C":
                     with self._lock:
                         present = key in self._data

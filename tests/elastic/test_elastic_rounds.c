@@ -16,6 +16,20 @@
  *   test_elastic_rounds grow NP       a newcomer started later joins at the survivors' next check
  *   test_elastic_rounds below_min NP  one rank dies and min_size is NP: the survivors get
  *                                     CFX_ERR_MEMBERSHIP_CHANGED naming the lost member, no hang
+ *   test_elastic_rounds late NP       a newcomer reaches the next round long before the members
+ *                                     (they train past its settle time before their next check):
+ *                                     it waits for them, and the world is all NP + 1 (a newcomer
+ *                                     that led would decide a world of itself alone)
+ *   test_elastic_rounds replace NP    every member of the first world dies; NP newcomers started
+ *                                     after that form a world of their own (a newcomer leads once
+ *                                     every old member is gone)
+ *   test_elastic_rounds slow_start NP the last member starts after the others' settle time: the
+ *                                     first world forms without it, and it comes back at their
+ *                                     next check (a member a round left out is no newcomer)
+ *   test_elastic_rounds marked_gone NP  the last member is marked gone while it still runs (a
+ *                                     driver that wrote off a silent host): the others re-form
+ *                                     without it, and its reform fails at once saying so (it no
+ *                                     longer waits out the deadline for a round nobody leads)
  * Every result is checked against the sum of what each member contributed, computed here.
  */
 #include <dirent.h>
@@ -33,6 +47,12 @@
 #define N_ELEMS 1000
 #define STEPS 12
 #define DIE_AT 5
+/* late: the newcomer's settle time, and how long the members train past the newcomer's hello
+ * before their next check (well past the settle time, well within the deadline). slow_start:
+ * how much later than the others the last member starts (past LATE_SETTLE_S). */
+#define LATE_SETTLE_S 1.0
+#define LATE_DELAY_S 4.0
+#define SLOW_START_S 3
 
 #define CHECK(cond, ...)                                                                \
     do {                                                                                \
@@ -220,6 +240,21 @@ static int lose_one(int how_kill, int min_size)
     return 0;
 }
 
+/* How many wait for the next round, the most any member saw (cfx_membership_pending is a local
+ * look): the members agree before they re-form. `name` must be the same on every member. */
+static int32_t agree_pending(cfx_context *ctx, const char *name)
+{
+    int32_t seen = 0, agreed = 0;
+    CHECK(cfx_membership_pending(ctx, &seen) == CFX_OK, "pending");
+    int64_t one = 1;
+    cfx_tensor t = {.data = &seen, .shape = &one, .ndim = 1, .dtype = CFX_INT32, .device = -1};
+    cfx_handle h;
+    CHECK(!cfx_allreduce_async(ctx, name, &t, &agreed, CFX_OP_MAX, 1, 1, &h) &&
+          !cfx_wait(ctx, h, 60), "agree on who waits (%s)", name);
+    cfx_handle_release(ctx, h);
+    return agreed;
+}
+
 /* The first world has NP members; a newcomer (id NP, started by the launcher later) says hello;
  * the members agree (a max over what each saw) to let it in at the next step. */
 static int grow(void)
@@ -229,17 +264,9 @@ static int grow(void)
     cfx_reform_options o = options(1);
     double give_up = now_s() + 120;
     for (int k = 0; now_s() < give_up && cfx_size(ctx) == first; k++) {
-        int32_t seen = 0, agreed = 0;
-        CHECK(cfx_membership_pending(ctx, &seen) == CFX_OK, "pending");
-        int64_t one = 1;
-        cfx_tensor t = {.data = &seen, .shape = &one, .ndim = 1, .dtype = CFX_INT32, .device = -1};
-        cfx_handle h;
         char name[32];
         snprintf(name, sizeof name, "seen.%d", k);
-        CHECK(!cfx_allreduce_async(ctx, name, &t, &agreed, CFX_OP_MAX, 1, 1, &h) &&
-              !cfx_wait(ctx, h, 60), "agree on newcomers");
-        cfx_handle_release(ctx, h);
-        if (agreed > 0)
+        if (agree_pending(ctx, name) > 0)
             CHECK(cfx_context_reform(ctx, &o) == CFX_OK, "reform for the newcomer");
         else
             usleep(20000);
@@ -252,6 +279,116 @@ static int grow(void)
     CHECK(cfx_shutdown(ctx) == CFX_OK, "shutdown");
     cfx_context_free(ctx);
     return 0;
+}
+
+/* Three steps in the world this process is in, which must have `want` members; returns 0. */
+static int finish(cfx_context *ctx, int want, const char *what)
+{
+    CHECK(cfx_size(ctx) == want, "%s: a world of %d, not %d", what, cfx_size(ctx), want);
+    for (int s = 0; s < 3; s++)
+        CHECK(step_allreduce(ctx, 100 + s) == CFX_OK, "%s, step %d", what, s);
+    printf("id %d: rank %d of %d %s (round %d)\n", cfx_member_id(ctx), cfx_rank(ctx),
+           cfx_size(ctx), what, cfx_membership_round(ctx));
+    CHECK(cfx_shutdown(ctx) == CFX_OK, "shutdown");
+    cfx_context_free(ctx);
+    return 0;
+}
+
+/* The members train LATE_DELAY_S past the newcomer's hello before they check (as between two
+ * commits), far past its settle time: the newcomer must wait for them, not lead a world of its
+ * own. Everyone ends in one world of NP + 1. */
+static int late(void)
+{
+    int first = atoi(getenv("CFX_SIZE"));
+    cfx_reform_options o = options(1);
+    /* Only the newcomer's own settle time is short: the first world forms with every member, and
+     * the members re-form with the usual options. */
+    o.settle_s = atoi(getenv("CFX_ELASTIC_ID")) >= first ? LATE_SETTLE_S : o.settle_s;
+    cfx_context *ctx = NULL;
+    CHECK(cfx_elastic_init(NULL, &o, &ctx) == CFX_OK, "cfx_elastic_init");
+    if (cfx_member_id(ctx) < first) {
+        CHECK(step_allreduce(ctx, 0) == CFX_OK, "first world");
+        int seen = 0;
+        for (double give_up = now_s() + 60; !seen && now_s() < give_up; usleep(20000))
+            CHECK(cfx_membership_pending(ctx, &seen) == CFX_OK, "pending");
+        CHECK(seen == 1, "the newcomer never said hello");
+        usleep((useconds_t)(LATE_DELAY_S * 1e6));
+        CHECK(cfx_context_reform(ctx, &o) == CFX_OK, "reform for the newcomer");
+    }
+    return finish(ctx, first + 1, "after the late members let the newcomer in");
+}
+
+/* The first world's members take a step and die; newcomers (ids NP..2NP-1, started once they
+ * are all reaped) form a world of the NP of them: min_size NP, so that the one that leads waits
+ * for the others rather than deciding a world of the first to come. */
+static int replace(void)
+{
+    int first = atoi(getenv("CFX_SIZE"));
+    cfx_context *ctx = join(first);
+    if (cfx_member_id(ctx) < first) {
+        CHECK(step_allreduce(ctx, 0) == CFX_OK, "first world");
+        sleep(1); /* every peer has its step's result before the sockets close */
+        _exit(3); /* as after a crash: the launcher marks it gone */
+    }
+    return finish(ctx, first, "in the newcomers' world");
+}
+
+/* The last member starts SLOW_START_S after the others, past their settle time: the first world
+ * forms without it, and the round leaves it out. It takes part in the next round, and the
+ * others, seeing it waiting there (cfx_membership_pending), let it back in at their next check:
+ * everyone ends in one world of NP. (It used to wait in that round, counted by nobody: its id is
+ * no newcomer's.) Any member that came too late under load comes back the same way. */
+static int slow_start(void)
+{
+    int first = atoi(getenv("CFX_SIZE"));
+    cfx_reform_options o = options(1);
+    o.settle_s = LATE_SETTLE_S;
+    cfx_context *ctx = NULL;
+    CHECK(cfx_elastic_init(NULL, &o, &ctx) == CFX_OK, "cfx_elastic_init");
+    int round = cfx_membership_round(ctx);
+    for (int k = 0; cfx_size(ctx) < first; k++) {
+        CHECK(k < 6000, "nobody came back in 120 s (size %d)", cfx_size(ctx));
+        char name[32];
+        snprintf(name, sizeof name, "seen.r%d.%d", round, k); /* k counts from this round on */
+        if (agree_pending(ctx, name) > 0) {
+            CHECK(cfx_context_reform(ctx, &o) == CFX_OK, "reform for the late member");
+            round = cfx_membership_round(ctx);
+            k = -1;
+        } else {
+            usleep(20000);
+        }
+    }
+    return finish(ctx, first, "after the late member came back");
+}
+
+/* The last member is marked gone (as a driver does for a host it wrote off) while it still
+ * runs; every member then re-forms. The others form a world without it; its own reform fails at
+ * once with CFX_ERR_MEMBERSHIP_CHANGED saying it is marked gone. */
+static int marked_gone(void)
+{
+    cfx_context *ctx = join(1);
+    int first = cfx_size(ctx), me = cfx_member_id(ctx);
+    cfx_reform_options o = options(1);
+    CHECK(step_allreduce(ctx, 0) == CFX_OK, "first world");
+    if (me == first - 1) {
+        cx_store *store = NULL;
+        char key[64];
+        snprintf(key, sizeof key, "elastic/gone/%d", me);
+        CHECK(cx_store_file_create(getenv("CFX_RENDEZVOUS_DIR"), &store) == CFX_OK &&
+              cx_store_set(store, key, "1", 1) == CFX_OK, "mark gone");
+        cx_store_destroy(store);
+        double t0 = now_s();
+        cfx_status st = cfx_context_reform(ctx, &o);
+        CHECK(st == CFX_ERR_MEMBERSHIP_CHANGED && strstr(cfx_last_error(), "marked gone"),
+              "the member marked gone: status %d after %.1f s", st, now_s() - t0);
+        CHECK(now_s() - t0 < o.settle_s, "the member marked gone waited %.1f s to hear it",
+              now_s() - t0);
+        printf("id %d: marked gone, told in %.2f s: %s\n", me, now_s() - t0, cfx_last_error());
+        cfx_context_free(ctx);
+        return 0;
+    }
+    CHECK(cfx_context_reform(ctx, &o) == CFX_OK, "reform without the member marked gone");
+    return finish(ctx, first - 1, "without the member marked gone");
 }
 
 static pid_t start(const char *dir, int id, int size, char **argv)
@@ -280,7 +417,7 @@ int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc != 3) {
-        fprintf(stderr, "usage: %s reform50|kill|exit|grow|below_min NP\n", argv[0]);
+        fprintf(stderr, "usage: %s reform50|kill|exit|stop|grow|below_min|late|replace|slow_start|marked_gone NP\n", argv[0]);
         return 2;
     }
     const char *mode = argv[1];
@@ -302,6 +439,15 @@ int main(int argc, char **argv)
             return lose_one(1, np);
         if (!strcmp(mode, "grow"))
             return grow();
+        if (!strcmp(mode, "late"))
+            return late();
+        if (!strcmp(mode, "replace"))
+            return replace();
+        if (!strcmp(mode, "marked_gone"))
+            return marked_gone();
+        if (!strcmp(mode, "slow_start"))
+            return slow_start();
+        (void)np;
         return 2;
     }
     /* The launcher. */
@@ -311,11 +457,16 @@ int main(int argc, char **argv)
     CHECK(mkdtemp(dir), "mkdtemp");
     cx_store *store = NULL;
     CHECK(cx_store_file_create(dir, &store) == CFX_OK, "store");
-    int total = np + (strcmp(mode, "grow") == 0);
+    int replacing = !strcmp(mode, "replace");
+    int total = np + (!strcmp(mode, "grow") || !strcmp(mode, "late")) + (replacing ? np : 0);
     pid_t pids[16];
-    for (int i = 0; i < np; i++)
+    int slow = !strcmp(mode, "slow_start");
+    for (int i = 0; i < np; i++) {
+        if (slow && i == np - 1)
+            sleep(SLOW_START_S); /* the others' first world forms without it */
         pids[i] = start(dir, i, np, argv);
-    if (total > np) {
+    }
+    if (total > np && !replacing) {
         sleep(2); /* the first world trains a while before the newcomer comes */
         pids[np] = start(dir, np, np, argv);
     }
@@ -338,8 +489,8 @@ int main(int argc, char **argv)
             snprintf(key, sizeof key, "elastic/gone/%d", id);
             cx_store_set(store, key, "1", 1);
         }
-        if (id == victim) {
-            int want_kill = strcmp(mode, "exit") != 0;
+        if (id == victim || (replacing && id < np)) {
+            int want_kill = strcmp(mode, "exit") != 0 && !replacing;
             CHECK(want_kill ? (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
                             : (WIFEXITED(status) && WEXITSTATUS(status) == 3),
                   "the victim ended with status %#x", status);
@@ -347,6 +498,9 @@ int main(int argc, char **argv)
             fprintf(stderr, "member id %d failed (status %#x)\n", id, status);
             failures++;
         }
+        if (replacing && left == total - np + 1) /* the first world is gone: newcomers come */
+            for (int i = np; i < total; i++)
+                pids[i] = start(dir, i, np, argv);
     }
     cx_store_destroy(store);
     char cmd[128];

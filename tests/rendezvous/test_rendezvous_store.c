@@ -113,6 +113,24 @@ static void exercise(cx_store *a, cx_store *b)
     cx_store_destroy(pb);
 }
 
+/* set_once: the first value stays, through b and through prefixed views alike; set overwrites. */
+static void exercise_once(cx_store *a, cx_store *b)
+{
+    assert_int_equal(cx_store_set_once(a, "decision", "first", 5), CFX_OK);
+    assert_int_equal(cx_store_set_once(b, "decision", "second", 6), CFX_OK);
+    expect_stored(a, "decision", "first");
+    expect_stored(b, "decision", "first");
+    cx_store *pb;
+    assert_int_equal(cx_store_prefixed(b, "ctx8", 0, &pb), CFX_OK);
+    assert_int_equal(cx_store_set_once(pb, "decision", "view", 4), CFX_OK);
+    assert_int_equal(cx_store_set_once(a, "ctx8/decision", "other", 5), CFX_OK);
+    expect_stored(a, "ctx8/decision", "view");
+    cx_store_destroy(pb);
+    assert_int_equal(cx_store_set(a, "beat", "1", 1), CFX_OK);
+    assert_int_equal(cx_store_set(b, "beat", "2", 1), CFX_OK);
+    expect_stored(a, "beat", "2");
+}
+
 static void test_file_store(void **state)
 {
     (void)state;
@@ -122,6 +140,7 @@ static void test_file_store(void **state)
     assert_int_equal(cx_store_file_create(dir, &a), CFX_OK);
     assert_int_equal(cx_store_file_create(dir, &b), CFX_OK);
     exercise(a, b);
+    exercise_once(a, b);
     cx_store_destroy(a);
     cx_store_destroy(b);
     char cmd[128];
@@ -147,6 +166,7 @@ static void test_tcp_store(void **state)
     assert_string_equal(server->local_addr, "127.0.0.1");
     exercise(server, client);
     exercise(client, server); /* the other direction */
+    exercise_once(client, server);
     cx_store_destroy(client);
     cx_store_destroy(server);
 }
@@ -392,6 +412,9 @@ static void test_callback_store(void **state)
     assert_int_equal(cx_store_from_callbacks(&cb, &a), CFX_OK);
     assert_int_equal(cx_store_from_callbacks(&cb, &b), CFX_OK);
     exercise(a, b);
+    /* The callbacks have no compare-and-set: set_once says so rather than overwriting. */
+    assert_int_equal(cx_store_set_once(a, "decision", "first", 5), CFX_ERR_UNSUPPORTED);
+    assert_non_null(strstr(cx_error_message(), "once"));
     cx_store_destroy(a);
     cx_store_destroy(b);
     cfx_store_callbacks missing = cb;

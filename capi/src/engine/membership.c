@@ -30,6 +30,9 @@ struct cx_membership {
     int *ids;          /* the current world's member ids, in rank order */
     size_t n;
     int max_id;        /* the largest id any decision named */
+    int *back;         /* members of the world before that the current one left out: they came
+                        * too late, and may come back in the next round */
+    size_t nback;
     const cx_transport_entry *transport; /* what each world is made of (CX_ENTRY_ELASTIC) */
     double rendezvous_s, transport_s;
     int test_local_size;
@@ -115,6 +118,7 @@ void cx_membership_close(cx_membership *m)
         return;
     cx_store_destroy(m->store);
     free(m->ids);
+    free(m->back);
     free(m);
 }
 
@@ -202,6 +206,18 @@ static int index_of(const int *ids, size_t n, int id)
     return -1;
 }
 
+/* The ids of `a` that `b` lacks, in a's order (*out malloc'ed, also when empty). */
+static cfx_status left_out(const int *a, size_t na, const int *b, size_t nb, int **out, size_t *n)
+{
+    *n = 0;
+    if (!(*out = malloc((na ? na : 1) * sizeof **out)))
+        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for a round's members");
+    for (size_t i = 0; i < na; i++)
+        if (index_of(b, nb, a[i]) < 0)
+            (*out)[(*n)++] = a[i];
+    return CFX_OK;
+}
+
 /* The members of world round - 1 (world 0: the launcher's ids 0 .. first_size - 1). A failed
  * decision ended the job: CFX_ERR_MEMBERSHIP_CHANGED with its message. */
 static cfx_status world_before(cx_membership *m, int round, int **ids, size_t *n)
@@ -235,37 +251,61 @@ typedef struct round_view {
     int *prev;      /* world round - 1 */
     size_t nprev;
     int *here;      /* prev members present (1) or not (0), by old rank */
-    int newcomers[NEWCOMER_WINDOW];
-    size_t nnew;    /* newcomers present, ascending ids */
-    int leader;     /* the first present participant's id, -1 when none */
+    int *gone;      /* prev members marked gone (1) or not (0), by old rank */
+    int *back;      /* members of world round - 2 that world round - 1 left out */
+    size_t nback;
+    int *joiners;   /* present and not in prev: those of back, then newcomers by id */
+    size_t njoin;
+    size_t waiting; /* prev members neither present nor gone: they may still come */
+    int leader;     /* the participant that decides now, -1 when none may */
     int accounted;  /* every member of prev is present or gone */
+    int me_gone;    /* this process is marked gone: no round counts on it */
 } round_view;
 
+/* Who leads: the first member of world round - 1 present; a newcomer only once no member of that
+ * world may still come (every one is gone). The members come to a round only at their next
+ * commit or check, which may be long after a newcomer started: a newcomer that led while they may
+ * still come would decide a world without them after settle_s, which splits the job or loses its
+ * trained state. New workers wait for the existing ones, as in Horovod; at its deadline such a
+ * newcomer gives up without deciding (no_leader). */
 static cfx_status look(cx_membership *m, int round, int first_new, round_view *v)
 {
     cfx_status st = CFX_OK;
-    v->leader = -1;
-    v->accounted = 1;
-    v->nnew = 0;
+    int first_prev = -1;
+    v->waiting = 0;
+    v->njoin = 0;
     for (size_t i = 0; !st && i < v->nprev; i++) {
         char gone[KEY_MAX];
-        int is_gone = 0;
         st = hello_of(m, round, v->prev[i], &v->here[i]);
         snprintf(gone, sizeof gone, "gone/%d", v->prev[i]);
+        v->gone[i] = 0;
         if (!st && !v->here[i])
-            st = present(m, gone, &is_gone);
-        v->accounted = v->accounted && (v->here[i] || is_gone);
-        if (v->here[i] && v->leader < 0)
-            v->leader = v->prev[i];
+            st = present(m, gone, &v->gone[i]);
+        v->waiting += !v->here[i] && !v->gone[i];
+        if (v->here[i] && first_prev < 0)
+            first_prev = v->prev[i];
+    }
+    /* A member that a round left out for coming too late is no newcomer (its id is below the
+     * window): without this it would wait in this round, counted by nobody, until its deadline. */
+    for (size_t i = 0; !st && i < v->nback; i++) {
+        int yes = 0;
+        if (!(st = hello_of(m, round, v->back[i], &yes)) && yes)
+            v->joiners[v->njoin++] = v->back[i];
     }
     for (int id = first_new; !st && id < first_new + NEWCOMER_WINDOW; id++) {
         int yes = 0;
-        if (index_of(v->prev, v->nprev, id) < 0 && !(st = hello_of(m, round, id, &yes)) && yes) {
-            v->newcomers[v->nnew++] = id;
-            if (v->leader < 0)
-                v->leader = id;
-        }
+        if (index_of(v->prev, v->nprev, id) < 0 && index_of(v->back, v->nback, id) < 0 &&
+            !(st = hello_of(m, round, id, &yes)) && yes)
+            v->joiners[v->njoin++] = id;
     }
+    char mine[KEY_MAX];
+    snprintf(mine, sizeof mine, "gone/%d", m->id);
+    if (!st)
+        st = present(m, mine, &v->me_gone);
+    v->accounted = v->waiting == 0;
+    v->leader = first_prev;
+    if (v->leader < 0 && v->accounted && v->njoin)
+        v->leader = v->joiners[0];
     return st;
 }
 
@@ -274,7 +314,7 @@ static cfx_status decide(cx_membership *m, int round, const round_view *v,
                          const cfx_reform_options *o, int final, int *decided)
 {
     size_t count = 0, cap = o->max_size > 0 ? (size_t)o->max_size : (size_t)-1;
-    size_t textcap = 16 + 12 * (v->nprev + NEWCOMER_WINDOW) + 512;
+    size_t textcap = 16 + 12 * (v->nprev + v->nback + NEWCOMER_WINDOW) + 512;
     char *text = malloc(textcap);
     if (!text)
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for round %d's decision", round);
@@ -284,8 +324,8 @@ static cfx_status decide(cx_membership *m, int round, const round_view *v,
             len += (size_t)snprintf(text + len, textcap - len, " %d", v->prev[i]);
             count++;
         }
-    for (size_t i = 0; i < v->nnew && count < cap; i++) {
-        len += (size_t)snprintf(text + len, textcap - len, " %d", v->newcomers[i]);
+    for (size_t i = 0; i < v->njoin && count < cap; i++) {
+        len += (size_t)snprintf(text + len, textcap - len, " %d", v->joiners[i]);
         count++;
     }
     *decided = 0;
@@ -303,9 +343,12 @@ static cfx_status decide(cx_membership *m, int round, const round_view *v,
                 len += (size_t)snprintf(text + len, textcap - len, " id %d (rank %zu)",
                                         v->prev[i], i);
     }
+    /* Set once: two participants may both lead for a poll (one's hello came between the other's
+     * looks, or two reached the deadline together); the first decision stays, and every
+     * participant, this one included, goes by the decision it then reads from the store. */
     char key[KEY_MAX];
     snprintf(key, sizeof key, "r%d/decision", round);
-    cfx_status st = cx_store_set(m->store, key, text, strlen(text));
+    cfx_status st = cx_store_set_once(m->store, key, text, strlen(text));
     free(text);
     *decided = !st;
     return st;
@@ -325,6 +368,35 @@ static void describe_left(char *out, size_t cap, const int *prev, size_t nprev, 
         snprintf(out, cap, "none");
 }
 
+/* The deadline passed and nobody may lead: no member of world round - 1 came, yet some may still
+ * come (neither here nor gone), and this process is not one of them (a newcomer, or a member an
+ * earlier round left out). It gives up
+ * without a decision: a decision now would be a world without the old members (a split job, or
+ * its state lost) or a failure that ends a job whose members are only slow to reach their next
+ * check. The round stays open for them; the launcher marks this process gone once it exits. */
+static cfx_status no_leader(const cx_membership *m, int round, const cfx_reform_options *o,
+                            const round_view *v)
+{
+    char ids[256];
+    size_t len = 0, shown = 0;
+    ids[0] = '\0';
+    for (size_t i = 0; i < v->nprev && len + 24 < sizeof ids; i++)
+        if (!v->here[i] && !v->gone[i])
+            len += (size_t)snprintf(ids + len, sizeof ids - len, "%s%d", shown++ ? ", " : "",
+                                    v->prev[i]);
+    if (!shown) /* a member of a world before the last two, say: no round counts it */
+        return cx_fail(CFX_ERR_TIMEOUT, "membership round %d: member id %d waited until the "
+                       "deadline (%g s), and nobody leads the round: every member of the world "
+                       "before is gone, and this process is neither a newcomer (ids above the "
+                       "largest known) nor one the last round left out", round, m->id,
+                       o->timeout_s);
+    return cx_fail(CFX_ERR_TIMEOUT, "membership round %d: member id %d waited until the deadline "
+                   "(%g s) for the members of the world before, and none came (id%s %s neither "
+                   "came nor %s marked gone); a process that was not in that world does not form "
+                   "one without them, so the round stays open for them", round, m->id, o->timeout_s,
+                   shown == 1 ? "" : "s", ids, shown == 1 ? "is" : "are");
+}
+
 /* Takes part in round `round`: *included = 1 with m's world updated, or 0 when the decision left
  * this process out (it tries the next round). */
 static cfx_status take_part(cx_membership *m, int round, const cfx_reform_options *o,
@@ -332,14 +404,24 @@ static cfx_status take_part(cx_membership *m, int round, const cfx_reform_option
 {
     *included = 0;
     round_view v = {0};
+    char *text = NULL;
+    int *ids = NULL, *older = NULL;
+    size_t n = 0, nolder = 0;
     cfx_status st = world_before(m, round, &v.prev, &v.nprev);
+    /* World round - 2 (none before round 2): who round - 1 left out. */
+    if (!st && round >= 2)
+        st = world_before(m, round - 1, &older, &nolder);
+    if (!st)
+        st = left_out(older, nolder, v.prev, v.nprev, &v.back, &v.nback);
     if (st)
-        return st;
-    v.here = calloc(v.nprev ? v.nprev : 1, sizeof *v.here);
-    if (!v.here) {
-        free(v.prev);
-        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for round %d", round);
+        goto out;
+    v.here = calloc(v.nprev ? 2 * v.nprev : 1, sizeof *v.here);
+    v.joiners = malloc((v.nback + NEWCOMER_WINDOW) * sizeof *v.joiners);
+    if (!v.here || !v.joiners) {
+        st = cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for round %d", round);
+        goto out;
     }
+    v.gone = v.here + v.nprev; /* one allocation, freed with here */
     int first_new = m->max_id + 1;
     for (size_t i = 0; i < v.nprev; i++)
         first_new = v.prev[i] + 1 > first_new ? v.prev[i] + 1 : first_new;
@@ -350,19 +432,31 @@ static cfx_status take_part(cx_membership *m, int round, const cfx_reform_option
     double settle_end = cx_now_s() + o->settle_s;
     if (settle_end > deadline)
         settle_end = deadline;
-    char *text = NULL;
+    v.leader = -1;
     while (!st) {
         if ((st = decision_of(m, round, &text)) || text)
             break;
+        /* Look before judging the deadline, so that the message names who leads now. */
+        if ((st = look(m, round, first_new, &v)))
+            break;
         double now = cx_now_s();
+        if (v.me_gone) { /* hello_of leaves it out everywhere: no round would ever include it */
+            st = cx_fail(CFX_ERR_MEMBERSHIP_CHANGED, "membership round %d: this process (member "
+                         "id %d) is marked gone in the store (gone/%d: its launcher reported it "
+                         "dead), so no round counts on it; a new process must take its place",
+                         round, m->id, m->id);
+            break;
+        }
+        if (v.leader < 0 && now >= deadline) {
+            st = no_leader(m, round, o, &v);
+            break;
+        }
         if (now > deadline + DECISION_GRACE_S) {
             st = cx_fail(CFX_ERR_TIMEOUT, "membership round %d: no decision by the deadline "
                          "(%g s); the round's leader (member id %d) did not decide", round,
                          o->timeout_s, v.leader);
             break;
         }
-        if ((st = look(m, round, first_new, &v)))
-            break;
         int decided = 0;
         if (v.leader == m->id && (v.accounted || now >= settle_end) &&
             (st = decide(m, round, &v, o, now >= deadline, &decided)))
@@ -374,25 +468,33 @@ static cfx_status take_part(cx_membership *m, int round, const cfx_reform_option
     }
     if (!st && strncmp(text, "ok", 2) != 0)
         st = cx_fail(CFX_ERR_MEMBERSHIP_CHANGED, "membership: %s", text + 5);
-    int *ids = NULL;
-    size_t n = 0;
     if (!st)
         st = parse_ids(text, round, &ids, &n);
     for (size_t i = 0; !st && i < n; i++)
         m->max_id = ids[i] > m->max_id ? ids[i] : m->max_id;
-    if (!st && index_of(ids, n, m->id) >= 0) {
+    int *back = NULL;
+    size_t nback = 0;
+    if (!st && index_of(ids, n, m->id) >= 0 &&
+        !(st = left_out(v.prev, v.nprev, ids, n, &back, &nback))) {
         *included = 1;
         describe_left(m->left, sizeof m->left, v.prev, v.nprev, ids, n);
         free(m->ids);
         m->ids = ids;
         m->n = n;
+        free(m->back);
+        m->back = back;
+        m->nback = nback;
         m->round = round;
         ids = NULL;
     }
+out:
     free(ids);
     free(text);
+    free(older);
     free(v.prev);
+    free(v.back);
     free(v.here);
+    free(v.joiners);
     return st;
 }
 
@@ -462,6 +564,11 @@ cfx_status cx_membership_pending(cx_membership *m, int *count)
     *count = 0;
     int first_new = m->max_id + 1;
     cfx_status st = CFX_OK;
+    for (size_t i = 0; !st && i < m->nback; i++) { /* members the last round left out */
+        int yes = 0;
+        if (!(st = hello_of(m, m->round + 1, m->back[i], &yes)))
+            *count += yes;
+    }
     for (int id = first_new; !st && id < first_new + NEWCOMER_WINDOW; id++) {
         int yes = 0;
         if (!(st = hello_of(m, m->round + 1, id, &yes)))

@@ -11,14 +11,21 @@
  *   the processes of the first world have ids 0..size-1, newcomers larger ids in the order they
  *   were started (the driver numbers them).
  * - Round N >= 1 forms world N. A participant writes "r<N>/hello/<id>" and waits for
- *   "r<N>/decision". The round's leader is the first participant present in the order: members of
- *   world N-1 by their rank there, then newcomers by id. It decides once every member of world N-1
- *   said hello or is known gone ("gone/<id>", written by the driver when it sees a process exit),
- *   or the settle time passed: the new world is the survivors in their old order, then newcomers
- *   (found by looking at ids past the largest known, NEWCOMER_WINDOW of them), at most max_size.
- *   Fewer than min_size after the deadline: the decision is a failure naming who is missing.
+ *   "r<N>/decision". The round's leader is the first member of world N-1 (by its rank there) that
+ *   said hello and is not known gone ("gone/<id>", written by the driver when it sees a process
+ *   exit). It decides once every member of world N-1 said hello or is known gone, or the settle
+ *   time passed: the new world is the survivors in their old order, then newcomers (found by
+ *   looking at ids past the largest known, NEWCOMER_WINDOW of them), at most max_size. Fewer than
+ *   min_size after the deadline: the decision is a failure naming who is missing.
+ * - A newcomer leads (the first by id) only once every member of world N-1 is known gone; until
+ *   then newcomers wait for them (they come at their next check), and at its deadline a newcomer
+ *   gives up without deciding (CFX_ERR_TIMEOUT). A participant known gone fails at once.
+ * - The decision is set once (cx_store_set_once): of two participants that both lead for a poll,
+ *   the first decision stays, and everyone goes by the one the store holds.
  * - A participant a decision leaves out (a newcomer past the maximum, a survivor that came too
- *   late) takes part in round N+1. A newcomer joins the first round without a decision.
+ *   late) takes part in round N+1. A newcomer joins the first round without a decision. Round N
+ *   counts the members of world N-2 that world N-1 left out (they are no newcomers: their ids are
+ *   below the window) after the survivors, as newcomers are, and so does cx_membership_pending.
  * - World N's transport meets under "r<N>/world/" in the same store (any transport whose registry
  *   entry is elastic: it meets through a store).
  */

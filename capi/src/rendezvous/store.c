@@ -83,6 +83,14 @@ static cfx_status prefixed_set(cx_store *s, const char *key, const void *data, s
     return st ? st : cx_store_set(p->inner, k, data, len);
 }
 
+static cfx_status prefixed_set_once(cx_store *s, const char *key, const void *data, size_t len)
+{
+    prefixed_store *p = (prefixed_store *)s;
+    char k[KEY_MAX];
+    cfx_status st = full_key(p, key, k);
+    return st ? st : cx_store_set_once(p->inner, k, data, len);
+}
+
 static cfx_status prefixed_check(cx_store *s, const char *key, int *present)
 {
     prefixed_store *p = (prefixed_store *)s;
@@ -139,7 +147,15 @@ static void prefixed_interrupt(cx_store *s)
 
 static const cx_store_ops prefixed_ops = {"prefixed store", prefixed_set, prefixed_check,
                                           prefixed_get, prefixed_wait, prefixed_interrupt,
-                                          prefixed_destroy};
+                                          prefixed_destroy, prefixed_set_once};
+
+cfx_status cx_store_set_once(cx_store *s, const char *key, const void *data, size_t len)
+{
+    if (!s->ops->set_once)
+        return cx_fail(CFX_ERR_UNSUPPORTED, "rendezvous: the %s cannot set a key only once (key "
+                       "\"%s\"): it has no compare-and-set", s->where, key);
+    return s->ops->set_once(s, key, data, len);
+}
 
 cfx_status cx_store_prefixed(cx_store *base, const char *prefix, int owns_base, cx_store **out)
 {
@@ -233,7 +249,8 @@ static cfx_status callback_wait(cx_store *s, const char *const *keys, size_t n, 
 static void callback_destroy(cx_store *s) { free(s); }
 
 static const cx_store_ops callback_ops = {"callback store", callback_set, callback_check,
-                                          callback_get, callback_wait, NULL, callback_destroy};
+                                          callback_get, callback_wait, NULL, callback_destroy,
+                                          NULL /* cfx_store_callbacks has no compare-and-set */};
 
 cfx_status cx_store_from_callbacks(const cfx_store_callbacks *cb, cx_store **out)
 {

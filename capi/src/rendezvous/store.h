@@ -34,6 +34,11 @@ typedef struct cx_store_ops {
      * a thread using the store can be joined. */
     void (*interrupt)(cx_store *s);
     void (*destroy)(cx_store *s);
+    /* Optional: sets the key unless it is set, atomically across every process of the store: the
+     * first value stays, and a later call changes nothing (and succeeds). What a decision that
+     * several processes may make at once needs (a membership round's); `set` overwrites. NULL:
+     * the store cannot (cx_store_set_once says so). */
+    cfx_status (*set_once)(cx_store *s, const char *key, const void *data, size_t len);
 } cx_store_ops;
 
 struct cx_store {
@@ -54,6 +59,10 @@ static inline cfx_status cx_store_set(cx_store *s, const char *key, const void *
 {
     return s->ops->set(s, key, data, len);
 }
+
+/* See cx_store_ops.set_once: CFX_ERR_UNSUPPORTED for a store without it (a store handed in as
+ * callbacks). Read the key afterwards for the value that stays. */
+cfx_status cx_store_set_once(cx_store *s, const char *key, const void *data, size_t len);
 
 void cx_store_destroy(cx_store *s);
 

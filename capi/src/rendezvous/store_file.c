@@ -1,7 +1,8 @@
 /*
  * store_file - the file store: one file per key in a directory every rank sees (a shared file
  * system across hosts, or /tmp on one). A value is written to a private temporary name and renamed
- * into place, so a reader sees a key whole or not at all.
+ * into place, so a reader sees a key whole or not at all; set_once links it into place instead,
+ * which fails when the key exists (atomic on local and NFS file systems alike).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -54,7 +55,9 @@ static cfx_status write_all(int fd, const void *data, size_t len)
     return CFX_OK;
 }
 
-static cfx_status file_set(cx_store *s, const char *key, const void *data, size_t len)
+/* Writes the value under a private temporary name, then puts it in place: renamed over the key
+ * (set), or linked to it unless the key exists (set_once: the first value stays). */
+static cfx_status file_put(cx_store *s, const char *key, const void *data, size_t len, int once)
 {
     file_store *f = (file_store *)s;
     char path[PATH_LEN], tmp[PATH_LEN + 64];
@@ -67,13 +70,25 @@ static cfx_status file_set(cx_store *s, const char *key, const void *data, size_
         return cx_fail(CFX_ERR_TRANSPORT, "rendezvous: cannot write key \"%s\" in the %s: %s", key,
                        s->where, strerror(errno));
     st = write_all(fd, data, len);
-    if (close(fd) != 0 || st || rename(tmp, path) != 0) {
-        int e = errno;
+    int placed = close(fd) == 0 && !st &&
+                 (once ? link(tmp, path) == 0 || errno == EEXIST : rename(tmp, path) == 0);
+    int e = errno;
+    if (!placed || once)
         unlink(tmp);
+    if (!placed)
         return cx_fail(CFX_ERR_TRANSPORT, "rendezvous: cannot write key \"%s\" in the %s: %s", key,
                        s->where, strerror(e));
-    }
     return CFX_OK;
+}
+
+static cfx_status file_set(cx_store *s, const char *key, const void *data, size_t len)
+{
+    return file_put(s, key, data, len, 0);
+}
+
+static cfx_status file_set_once(cx_store *s, const char *key, const void *data, size_t len)
+{
+    return file_put(s, key, data, len, 1);
 }
 
 static cfx_status file_check(cx_store *s, const char *key, int *present)
@@ -117,7 +132,7 @@ static cfx_status file_get(cx_store *s, const char *key, void **data, size_t *le
 static void file_destroy(cx_store *s) { free(s); }
 
 static const cx_store_ops file_ops = {"file store", file_set, file_check, file_get, NULL, NULL,
-                                      file_destroy};
+                                      file_destroy, file_set_once};
 
 cfx_status cx_store_file_create(const char *dir, cx_store **out)
 {

@@ -6,7 +6,9 @@
  * "CFXSTORE1\n" (a client that reads anything else has reached some other program) and its
  * generation (0: any; else the world it serves, see store.h). Requests:
  * 'S' klen key vlen value -> 1 byte (1); 'C' klen key -> 1 byte (1 set, 0 not); 'G' klen key -> 1
- * byte (set or not), then vlen value when set. Keys are set once; a client waits by polling 'C'.
+ * byte (set or not), then vlen value when set; 'O' klen key vlen value -> 1 byte (1 set now, 0 it
+ * was set already and stays as it was: the first value wins). 'S' overwrites (a heartbeat counts
+ * up under one key); a client waits by polling 'C'.
  *
  * A store whose port is derived rather than chosen (torchrun's MASTER_PORT + 1, Slurm's job id)
  * may find it taken by another program's socket: the server then takes the next free port of a
@@ -149,7 +151,8 @@ static int serve_request(tcp_server *s, int fd)
         return -1;
     int rc = -1;
     entry *e = find(s, key);
-    if (op == 'S' && !read_blob(fd, VALUE_LIMIT, &value, &vlen)) {
+    if ((op == 'S' || op == 'O') && !read_blob(fd, VALUE_LIMIT, &value, &vlen)) {
+        unsigned char stored = op == 'S' || !e; /* 'O' leaves a key that is set as it is */
         if (!e && s->n_entries == s->cap_entries) {
             size_t cap = s->cap_entries ? 2 * s->cap_entries : 64;
             entry *grown = realloc(s->entries, cap * sizeof *grown);
@@ -161,15 +164,16 @@ static int serve_request(tcp_server *s, int fd)
         if (!e) {
             e = &s->entries[s->n_entries++];
             e->key = key;
+            e->value = NULL;
             key = NULL;
-        } else {
-            free(e->value);
         }
-        e->value = value;
-        e->len = vlen;
-        value = NULL;
-        unsigned char ok = 1;
-        rc = write_full(fd, &ok, 1);
+        if (stored) {
+            free(e->value);
+            e->value = value;
+            e->len = vlen;
+            value = NULL;
+        }
+        rc = write_full(fd, &stored, 1);
     } else if (op == 'C') {
         unsigned char present = e != NULL;
         rc = write_full(fd, &present, 1);
@@ -358,7 +362,7 @@ static int send_request(tcp_store *t, char op, const char *key, const void *valu
     put_u32(head + 1, (uint32_t)klen);
     if (write_full(t->fd, head, 5) || write_full(t->fd, key, klen))
         return -1;
-    if (op != 'S')
+    if (op != 'S' && op != 'O')
         return 0;
     unsigned char len[4];
     put_u32(len, (uint32_t)vlen);
@@ -374,17 +378,34 @@ static cfx_status check_sizes(const char *key, size_t vlen)
     return CFX_OK;
 }
 
-static cfx_status tcp_set(cx_store *s, const char *key, const void *data, size_t len)
+/* 'S' (set: the server answers 1) or 'O' (set once: 1 set now, 0 it was set already). */
+static cfx_status tcp_put(cx_store *s, char op, const char *key, const void *data, size_t len)
 {
     tcp_store *t = (tcp_store *)s;
     cfx_status st = check_sizes(key, len);
     if (st)
         return st;
-    unsigned char ok = 0;
+    unsigned char answer = 2;
     pthread_mutex_lock(&t->mu);
-    int rc = send_request(t, 'S', key, data, len) || read_full(t->fd, &ok, 1);
+    int rc = send_request(t, op, key, data, len) || read_full(t->fd, &answer, 1);
     pthread_mutex_unlock(&t->mu);
-    return rc || ok != 1 ? lost(t, "setting", key) : CFX_OK;
+    if (!rc && (answer == 1 || (op == 'O' && answer == 0)))
+        return CFX_OK;
+    if (op == 'O') /* a server older than set-once drops the connection at 'O' */
+        return cx_fail(CFX_ERR_PEER_LOST, "rendezvous: the %s stopped answering when asked to set "
+                       "key \"%s\" once: did the process serving it exit, or is it older than "
+                       "this library (a store without set-once)?", t->base.where, key);
+    return lost(t, "setting", key);
+}
+
+static cfx_status tcp_set(cx_store *s, const char *key, const void *data, size_t len)
+{
+    return tcp_put(s, 'S', key, data, len);
+}
+
+static cfx_status tcp_set_once(cx_store *s, const char *key, const void *data, size_t len)
+{
+    return tcp_put(s, 'O', key, data, len);
 }
 
 static cfx_status tcp_check(cx_store *s, const char *key, int *present)
@@ -446,7 +467,7 @@ static void tcp_interrupt(cx_store *s)
 }
 
 static const cx_store_ops tcp_ops = {"TCP store", tcp_set, tcp_check, tcp_get, NULL, tcp_interrupt,
-                                     tcp_destroy};
+                                     tcp_destroy, tcp_set_once};
 
 /* A server that stops answering fails the request instead of hanging the rank. */
 static void set_io_timeout(int fd, double seconds)

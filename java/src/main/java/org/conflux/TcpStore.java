@@ -235,6 +235,8 @@ public final class TcpStore implements Store, AutoCloseable {
                     if (op == 'S') {
                         data.put(key, blob(in, VALUE_LIMIT));
                         out.writeByte(1);
+                    } else if (op == 'O') { // set once: the first value stays (store_tcp.c)
+                        out.writeByte(data.putIfAbsent(key, blob(in, VALUE_LIMIT)) == null ? 1 : 0);
                     } else if (op == 'C') {
                         out.writeByte(data.containsKey(key) ? 1 : 0);
                     } else if (op == 'G') {
