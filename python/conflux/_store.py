@@ -52,18 +52,23 @@ class StoreServer:
 
     on_set(key, value, conn_id): called after a client set a key (key a str, value bytes).
     on_close(conn_id): called when a client's connection ends (it closed it, or its process died).
-    Both are called from one thread of the server's, in the order things happened; keys set here
-    (set()) call neither. A port that is taken raises conflux.ConfigError naming it.
+    Both are called from one thread of the server's (there only when one is given), in the order
+    things happened; keys set here (set()) call neither. A port that is taken raises
+    conflux.ConfigError naming it.
     """
 
     def __init__(self, port=0, on_set=None, on_close=None):
-        self._store = _capi.cfx_store_serve(int(port))
+        watch = on_set is not None or on_close is not None
+        self._store = _capi.cfx_store_serve(int(port), 1 if watch else 0)
         self.port = _capi.cfx_store_port(self._store)
         self._lock = threading.Lock()  # close() against the calls below
         self._stop = threading.Event()
-        self._events = threading.Thread(target=_pump, name="conflux-store-events", daemon=True,
-                                        args=(self._store, self._stop, on_set, on_close))
-        self._events.start()
+        self._events = None
+        if watch:
+            self._events = threading.Thread(target=_pump, name="conflux-store-events",
+                                            daemon=True,
+                                            args=(self._store, self._stop, on_set, on_close))
+            self._events.start()
 
     def _served(self):
         if self._store is None:
@@ -84,7 +89,7 @@ class StoreServer:
     def close(self):
         """Stops the event thread, then serving: every client's connection is closed."""
         self._stop.set()
-        if self._events is not threading.current_thread():
+        if self._events is not None and self._events is not threading.current_thread():
             self._events.join()
         with self._lock:
             store, self._store = self._store, None

@@ -29,7 +29,7 @@
 static cfx_store *serve(void)
 {
     cfx_store *s = NULL;
-    assert_int_equal(cfx_store_serve(0, &s), CFX_OK);
+    assert_int_equal(cfx_store_serve(0, 1, &s), CFX_OK);
     assert_non_null(s);
     assert_true(cfx_store_port(s) > 0);
     return s;
@@ -215,9 +215,10 @@ static void test_bad_arguments(void **state)
 {
     (void)state;
     cfx_store *s = NULL;
-    expect_error(cfx_store_serve(-1, &s), CFX_ERR_INVALID_ARGUMENT, "port -1");
-    expect_error(cfx_store_serve(70000, &s), CFX_ERR_INVALID_ARGUMENT, "port 70000");
-    expect_error(cfx_store_serve(0, NULL), CFX_ERR_INVALID_ARGUMENT, "out");
+    expect_error(cfx_store_serve(-1, 1, &s), CFX_ERR_INVALID_ARGUMENT, "port -1");
+    expect_error(cfx_store_serve(70000, 1, &s), CFX_ERR_INVALID_ARGUMENT, "port 70000");
+    expect_error(cfx_store_serve(0, 2, &s), CFX_ERR_INVALID_ARGUMENT, "events 2");
+    expect_error(cfx_store_serve(0, 1, NULL), CFX_ERR_INVALID_ARGUMENT, "out");
     expect_error(cfx_store_connect(NULL, 1, 1.0, &s), CFX_ERR_INVALID_ARGUMENT, "host is NULL");
     expect_error(cfx_store_connect("", 1, 1.0, &s), CFX_ERR_INVALID_ARGUMENT, "host is empty");
     expect_error(cfx_store_connect("127.0.0.1", 0, 1.0, &s), CFX_ERR_INVALID_ARGUMENT, "port 0");
@@ -248,9 +249,20 @@ static void test_bad_arguments(void **state)
     cfx_store_event ev = {.version = CFX_STORE_EVENT_VERSION};
     expect_error(cfx_store_next_event(c, 0.1, &ev), CFX_ERR_INVALID_ARGUMENT, "client");
     expect_error(cfx_store_next_event(server, -1.0, &ev), CFX_ERR_INVALID_ARGUMENT, "timeout_s");
-    expect_error(cfx_store_next_event(server, 0.1, NULL), CFX_ERR_INVALID_ARGUMENT, "ev is NULL");
+    expect_error(cfx_store_next_event(server, 0.1, NULL), CFX_ERR_INVALID_ARGUMENT, "out is NULL");
     ev.version = 99;
     expect_error(cfx_store_next_event(server, 0.1, &ev), CFX_ERR_VERSION, "version 99");
+    cfx_store_free(c);
+    cfx_store_free(server);
+
+    /* Served without events: keys work, events are refused (none were kept). */
+    assert_int_equal(cfx_store_serve(0, 0, &server), CFX_OK);
+    c = connect_to(server);
+    assert_int_equal(cfx_store_set(c, "k", "v", 1), CFX_OK);
+    expect_stored(server, "k", "v");
+    ev.version = CFX_STORE_EVENT_VERSION;
+    expect_error(cfx_store_next_event(server, 0.1, &ev), CFX_ERR_INVALID_ARGUMENT,
+                 "without events");
     cfx_store_free(c);
     cfx_store_free(server);
 }
@@ -262,7 +274,7 @@ static void test_port_taken(void **state)
     int port = cfx_store_port(first);
     char want[32];
     snprintf(want, sizeof want, "port %d", port);
-    expect_error(cfx_store_serve(port, &second), CFX_ERR_CONFIG, want);
+    expect_error(cfx_store_serve(port, 0, &second), CFX_ERR_CONFIG, want);
     assert_non_null(strstr(cfx_last_error(), "CFX_RENDEZVOUS_PORT"));
     assert_null(second);
     cfx_store_free(first);

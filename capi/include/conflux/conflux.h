@@ -618,10 +618,12 @@ CFX_API cfx_status cfx_membership_pending(cfx_context *ctx, int *out);
 typedef struct cfx_store cfx_store;
 
 /* Serves the store on `port` (0: a free one the system picks; cfx_store_port says which) of every
- * interface, for every world a job forms there, until cfx_store_free. CFX_ERR_CONFIG naming the
- * port when it is taken (set CFX_RENDEZVOUS_PORT to a free one); CFX_ERR_INVALID_ARGUMENT for a
- * port outside 0..65535 or a NULL out. */
-CFX_API cfx_status cfx_store_serve(int port, cfx_store **out);
+ * interface, for every world a job forms there, until cfx_store_free. With `events` 1 the store
+ * queues what its clients do for cfx_store_next_event (read them as they come: they queue until
+ * read); with 0 it keeps none. CFX_ERR_CONFIG naming the port when it is taken (set
+ * CFX_RENDEZVOUS_PORT to a free one); CFX_ERR_INVALID_ARGUMENT for a port outside 0..65535, events
+ * other than 0 or 1, or a NULL out. */
+CFX_API cfx_status cfx_store_serve(int port, int events, cfx_store **out);
 
 /* Connects to the store served at host:port (by cfx_store_serve, cfxrun or a rank 0), trying
  * until timeout_s passed (the server may start later): CFX_ERR_TIMEOUT naming the address and
@@ -640,7 +642,8 @@ CFX_API cfx_status cfx_store_set(cfx_store *store, const char *key, const void *
 
 /* Looks `key` up once, without waiting: *present = 1 when it is set, with its length in *len and
  * its first min(len, cap) bytes copied to buf (buf may be NULL when cap is 0: ask the length, then
- * call again with a buffer that large); *present = 0 and *len = 0 while it is not set. */
+ * call again with a buffer that large, as cfx_store_callbacks.get is called); *present = 0 and
+ * *len = 0 while it is not set. */
 CFX_API cfx_status cfx_store_get(cfx_store *store, const char *key, void *buf, size_t cap,
                                  size_t *len, int *present);
 
@@ -665,11 +668,13 @@ typedef struct cfx_store_event {
     size_t len;
 } cfx_store_event;
 
-/* The next event of a served store, in the order they happened (a connection's SET events come
- * before its CLOSED), waiting at most timeout_s (>= 0) for one: CFX_ERR_TIMEOUT (ev->kind NONE)
- * when none came. Events queue until they are read. CFX_ERR_INVALID_ARGUMENT for a client store,
- * a negative timeout_s or a NULL ev; CFX_ERR_VERSION for a version this library does not know. */
-CFX_API cfx_status cfx_store_next_event(cfx_store *store, double timeout_s, cfx_store_event *ev);
+/* The next event of a served store into *out (its version set by the caller), in the order they
+ * happened (a connection's SET events come before its CLOSED), waiting at most timeout_s (>= 0)
+ * for one: CFX_ERR_TIMEOUT (out->kind NONE) when none came. Events queue until they are read.
+ * CFX_ERR_INVALID_ARGUMENT for a client or a store served without events, a negative timeout_s or
+ * a NULL out;
+ * CFX_ERR_VERSION for a version this library does not know. */
+CFX_API cfx_status cfx_store_next_event(cfx_store *store, double timeout_s, cfx_store_event *out);
 
 /* Stops serving (closing every client's connection) or disconnects, and frees the store. Accepts
  * NULL. */

@@ -15,6 +15,7 @@
 
 struct cfx_store {
     cx_tcp_server *server; /* a served store */
+    int events;            /* served with events */
     cx_store *client;      /* a client */
     int port;
     cx_tcp_event last; /* the event handed out last: its key and value are the caller's to read */
@@ -27,7 +28,7 @@ static void drop_last(cfx_store *s)
     s->last = (cx_tcp_event){0};
 }
 
-cfx_status cfx_store_serve(int port, cfx_store **out)
+cfx_status cfx_store_serve(int port, int events, cfx_store **out)
 {
     if (!out)
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_store_serve: out is NULL");
@@ -35,17 +36,21 @@ cfx_status cfx_store_serve(int port, cfx_store **out)
     if (port < 0 || port > 65535)
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_store_serve: port %d is outside 0..65535 "
                        "(0: a free one)", port);
+    if (events != 0 && events != 1)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_store_serve: events %d is neither 0 (keep "
+                       "none) nor 1 (queue them for cfx_store_next_event)", events);
     cfx_store *s = calloc(1, sizeof *s);
     if (!s)
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "cfx_store_serve: no memory for the store");
     /* Generation 0: a launcher's server serves every world its job forms. */
-    cfx_status st = cx_tcp_server_start(&(cx_tcp_server_params){.port = port, .events = 1},
+    cfx_status st = cx_tcp_server_start(&(cx_tcp_server_params){.port = port, .events = events},
                                         &s->server);
     if (st) {
         free(s);
         return st;
     }
     s->port = cx_tcp_server_port(s->server);
+    s->events = events;
     *out = s;
     return CFX_OK;
 }
@@ -149,27 +154,30 @@ cfx_status cfx_store_get(cfx_store *store, const char *key, void *buf, size_t ca
     return CFX_OK;
 }
 
-cfx_status cfx_store_next_event(cfx_store *store, double timeout_s, cfx_store_event *ev)
+cfx_status cfx_store_next_event(cfx_store *store, double timeout_s, cfx_store_event *out)
 {
-    if (!store || !ev)
+    if (!store || !out)
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_store_next_event: %s is NULL",
-                       !store ? "store" : "ev");
-    if (ev->version != CFX_STORE_EVENT_VERSION)
+                       !store ? "store" : "out");
+    if (out->version != CFX_STORE_EVENT_VERSION)
         return cx_fail(CFX_ERR_VERSION, "cfx_store_next_event: event version %u is unknown to "
-                       "this library (it knows %d)", ev->version, CFX_STORE_EVENT_VERSION);
+                       "this library (it knows %d)", out->version, CFX_STORE_EVENT_VERSION);
     if (!store->server)
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_store_next_event: the store is a client "
                        "(events are the serving process's: cfx_store_serve)");
+    if (!store->events)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_store_next_event: the store was served "
+                       "without events (cfx_store_serve's events 0)");
     if (!(timeout_s >= 0))
         return cx_fail(CFX_ERR_INVALID_ARGUMENT, "cfx_store_next_event: timeout_s %g is not a "
                        "number of seconds >= 0", timeout_s);
     drop_last(store);
     cfx_status st = cx_tcp_server_next_event(store->server, timeout_s, &store->last);
-    ev->kind = store->last.kind;
-    ev->connection = store->last.connection;
-    ev->key = store->last.key;
-    ev->value = store->last.value;
-    ev->len = store->last.len;
+    out->kind = store->last.kind;
+    out->connection = store->last.connection;
+    out->key = store->last.key;
+    out->value = store->last.value;
+    out->len = store->last.len;
     return st;
 }
 
