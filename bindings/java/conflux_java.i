@@ -126,8 +126,8 @@
 %ignore cfx_store_callbacks;
 %ignore cfx_init_with_store;
 %ignore cfx_init_group;
-/* The public rendezvous store (cfx_store_*, since 1.4): served by launchers (the Python drivers
- * of conflux.spark and conflux.ray); not wrapped for Java. */
+/* The public rendezvous store (cfx_store_*, since 1.4): TcpStore.java through the cfxj_tcpstore_*
+ * helpers (the store as a long, values as byte[]); a TcpStore.Server keeps no events. */
 %ignore cfx_store_serve;
 %ignore cfx_store_connect;
 %ignore cfx_store_port;
@@ -764,6 +764,82 @@ cfx_context *cfxj_init_group(int64_t options, int64_t store, int32_t rank, int32
     }
     return ctx;
 }
+%}
+
+/* ---- the engine's TCP store (TcpStore.java) ---- */
+
+%inline %{
+/* cfx_store_serve without events; 0 after recording the status. */
+int64_t cfxj_tcpstore_serve(int32_t port) {
+    cfx_store *s = NULL;
+    cfx_status st = cfx_store_serve(port, 0, &s);
+    if (st != CFX_OK) {
+        cfxj_set_status(st);
+        return 0;
+    }
+    return (int64_t)(intptr_t)s;
+}
+
+/* cfx_store_connect; 0 after recording the status. */
+int64_t cfxj_tcpstore_connect(const char *host, int32_t port, double timeout_s) {
+    cfx_store *s = NULL;
+    cfx_status st = cfx_store_connect(host, port, timeout_s, &s);
+    if (st != CFX_OK) {
+        cfxj_set_status(st);
+        return 0;
+    }
+    return (int64_t)(intptr_t)s;
+}
+
+int32_t cfxj_tcpstore_port(int64_t store) { return cfx_store_port(cfxj_ptr(store)); }
+
+/* cfx_store_set of a byte[]: the status. */
+int32_t cfxj_tcpstore_set(JNIEnv *jenv, int64_t store, const char *key, jbyteArray value) {
+    jsize n = (*jenv)->GetArrayLength(jenv, value);
+    jbyte *b = (*jenv)->GetByteArrayElements(jenv, value, NULL);
+    cfx_status st;
+    if (!b) {
+        (*jenv)->ExceptionClear(jenv);
+        return (int32_t)CFX_ERR_OUT_OF_MEMORY;
+    }
+    st = cfx_store_set(cfxj_ptr(store), key, b, (size_t)n);
+    (*jenv)->ReleaseByteArrayElements(jenv, value, b, JNI_ABORT);
+    return (int32_t)st;
+}
+
+/* cfx_store_get as a byte[]: NULL while the key is not set (status CFX_OK) or after recording a
+ * failure. A value that grew between the look at its length and the copy is looked up again. */
+jbyteArray cfxj_tcpstore_get(JNIEnv *jenv, int64_t store, const char *key) {
+    size_t cap = 0, len = 0;
+    int present = 0;
+    char *buf = NULL;
+    jbyteArray v = NULL;
+    cfxj_set_status(CFX_OK);
+    for (;;) {
+        cfx_status st = cfx_store_get(cfxj_ptr(store), key, buf, cap, &len, &present);
+        if (st != CFX_OK) {
+            free(buf);
+            cfxj_set_status(st);
+            return NULL;
+        }
+        if (!present || (buf != NULL && len <= cap)) break;
+        free(buf);
+        cap = len;
+        buf = malloc(cap ? cap : 1);
+        if (!buf || cap > 0x7fffffff) {
+            free(buf);
+            cfxj_set_status(CFX_ERR_OUT_OF_MEMORY);
+            return NULL;
+        }
+    }
+    if (present) v = (*jenv)->NewByteArray(jenv, (jsize)len);
+    if (v) (*jenv)->SetByteArrayRegion(jenv, v, 0, (jsize)len, (const jbyte *)buf);
+    else if (present) cfxj_set_status(CFX_ERR_OUT_OF_MEMORY);
+    free(buf);
+    return v;
+}
+
+void cfxj_tcpstore_free(int64_t store) { cfx_store_free(cfxj_ptr(store)); }
 %}
 
 %inline %{

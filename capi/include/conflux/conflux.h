@@ -3,7 +3,7 @@
  *
  * This is the only header a user includes. It owns the stable, versioned ABI: status codes, dtypes,
  * reduction ops, the tensor description, init options, the opaque context, asynchronous collectives
- * and their handles. Nothing internal leaks into it.
+ * and their handles, and the rendezvous store a launcher serves. Nothing internal leaks into it.
  *
  * Conventions (docs/c-api.md has the full text):
  * - Every fallible call returns a cfx_status; CFX_OK is 0. On failure cfx_last_error() holds a
