@@ -808,34 +808,19 @@ int32_t cfxj_tcpstore_set(JNIEnv *jenv, int64_t store, const char *key, jbyteArr
 }
 
 /* cfx_store_get as a byte[]: NULL while the key is not set (status CFX_OK) or after recording a
- * failure. A value that grew between the look at its length and the copy is looked up again. */
+ * failure. */
 jbyteArray cfxj_tcpstore_get(JNIEnv *jenv, int64_t store, const char *key) {
-    size_t cap = 0, len = 0;
+    char *data = NULL;
+    size_t len = 0;
     int present = 0;
-    char *buf = NULL;
     jbyteArray v = NULL;
-    cfxj_set_status(CFX_OK);
-    for (;;) {
-        cfx_status st = cfx_store_get(cfxj_ptr(store), key, buf, cap, &len, &present);
-        if (st != CFX_OK) {
-            free(buf);
-            cfxj_set_status(st);
-            return NULL;
-        }
-        if (!present || (buf != NULL && len <= cap)) break;
-        free(buf);
-        cap = len;
-        buf = malloc(cap ? cap : 1);
-        if (!buf || cap > 0x7fffffff) {
-            free(buf);
-            cfxj_set_status(CFX_ERR_OUT_OF_MEMORY);
-            return NULL;
-        }
+    cfx_status st = cfx_bind_store_get(cfxj_ptr(store), key, &data, &len, &present);
+    cfxj_set_status(st == CFX_OK && present && len > 0x7fffffff ? CFX_ERR_OUT_OF_MEMORY : st);
+    if (st == CFX_OK && present && len <= 0x7fffffff) {
+        v = (*jenv)->NewByteArray(jenv, (jsize)len);
+        if (v) (*jenv)->SetByteArrayRegion(jenv, v, 0, (jsize)len, (const jbyte *)data);
     }
-    if (present) v = (*jenv)->NewByteArray(jenv, (jsize)len);
-    if (v) (*jenv)->SetByteArrayRegion(jenv, v, 0, (jsize)len, (const jbyte *)buf);
-    else if (present) cfxj_set_status(CFX_ERR_OUT_OF_MEMORY);
-    free(buf);
+    free(data);
     return v;
 }
 

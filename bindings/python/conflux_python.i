@@ -749,32 +749,24 @@ PyObject *cfx_py_raise_status(int status, const char *message);
 %nothread cfx_py_store_get;
 %nothread cfx_py_store_next_event;
 %inline %{
-/* cfx_store_get -> the value as bytes, or None while the key is not set. The GIL is released
- * around each look (a client's is a request to its server); a value that grew between the look
- * at its length and the copy is looked up again. */
+/* cfx_store_get -> the value as bytes, or None while the key is not set; the GIL released
+ * around the look (a client's is a request to its server). */
 static PyObject *cfx_py_store_get(cfx_store *store, const char *key) {
-    size_t cap = 0, len = 0;
+    char *data = NULL;
+    size_t len = 0;
     int present = 0;
-    char *buf = NULL;
-    for (;;) {
-        cfx_status st;
-        Py_BEGIN_ALLOW_THREADS
-        st = cfx_store_get(store, key, buf, cap, &len, &present);
-        Py_END_ALLOW_THREADS
-        if (st != CFX_OK) {
-            free(buf);
-            cfx_py_raise((int)st, cfx_last_error());
-            return NULL;
-        }
-        if (!present || (buf != NULL && len <= cap)) break;
-        free(buf);
-        cap = len;
-        buf = malloc(cap ? cap : 1);
-        if (buf == NULL) return PyErr_NoMemory();
+    cfx_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = cfx_bind_store_get(store, key, &data, &len, &present);
+    Py_END_ALLOW_THREADS
+    if (st == CFX_ERR_OUT_OF_MEMORY) return PyErr_NoMemory();
+    if (st != CFX_OK) {
+        cfx_py_raise((int)st, cfx_last_error());
+        return NULL;
     }
-    PyObject *value = present ? PyBytes_FromStringAndSize(buf ? buf : "", (Py_ssize_t)len) : NULL;
-    free(buf);
     if (!present) Py_RETURN_NONE;
+    PyObject *value = PyBytes_FromStringAndSize(data, (Py_ssize_t)len);
+    free(data);
     return value;
 }
 
