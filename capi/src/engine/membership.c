@@ -252,8 +252,12 @@ static cfx_status look(cx_membership *m, int round, int first_new, round_view *v
         int is_gone = 0;
         st = hello_of(m, round, v->prev[i], &v->here[i]);
         snprintf(gone, sizeof gone, "gone/%d", v->prev[i]);
-        if (!st && !v->here[i])
+        /* Gone wins over a hello: the launcher marks a worker gone as it stops it (a failed
+         * worker's host leaving whole), and a member that said hello first must not be counted
+         * on to form the world. */
+        if (!st)
             st = present(m, gone, &is_gone);
+        v->here[i] = v->here[i] && !is_gone;
         v->accounted = v->accounted && (v->here[i] || is_gone);
         if (v->here[i] && v->leader < 0)
             v->leader = v->prev[i];

@@ -13,9 +13,10 @@
  * - Round N >= 1 forms world N. A participant writes "r<N>/hello/<id>" and waits for
  *   "r<N>/decision". The round's leader is the first participant present in the order: members of
  *   world N-1 by their rank there, then newcomers by id. It decides once every member of world N-1
- *   said hello or is known gone ("gone/<id>", written by the driver when it sees a process exit),
- *   or the settle time passed: the new world is the survivors in their old order, then newcomers
- *   (found by looking at ids past the largest known, NEWCOMER_WINDOW of them), at most max_size.
+ *   said hello or is known gone ("gone/<id>", written by the driver when it sees a process exit or
+ *   stops one; a member marked gone is left out even when it said hello), or the settle time
+ *   passed: the new world is the survivors in their old order, then newcomers (found by looking
+ *   at ids past the largest known, NEWCOMER_WINDOW of them), at most max_size.
  *   Fewer than min_size after the deadline: the decision is a failure naming who is missing.
  * - A participant a decision leaves out (a newcomer past the maximum, a survivor that came too
  *   late) takes part in round N+1. A newcomer joins the first round without a decision.

@@ -302,6 +302,10 @@ class _Job:
             return
         del self.members[m.wid]
         self.mark_gone(m.wid)
+        if failed:  # the node's other workers are gone too, before any actor ends: a round
+            # deciding now must not count on one that is about to be stopped
+            for other in [o for o in self.members.values() if o.node == m.node]:
+                self.mark_gone(other.wid)
         _kill(m.actor)
         if not failed:
             self.stopped.append(m.wid)
