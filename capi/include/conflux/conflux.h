@@ -672,8 +672,7 @@ typedef struct cfx_store_event {
  * happened (a connection's SET events come before its CLOSED), waiting at most timeout_s (>= 0)
  * for one: CFX_ERR_TIMEOUT (out->kind NONE) when none came. Events queue until they are read.
  * CFX_ERR_INVALID_ARGUMENT for a client or a store served without events, a negative timeout_s or
- * a NULL out;
- * CFX_ERR_VERSION for a version this library does not know. */
+ * a NULL out; CFX_ERR_VERSION for a version this library does not know. */
 CFX_API cfx_status cfx_store_next_event(cfx_store *store, double timeout_s, cfx_store_event *out);
 
 /* Stops serving (closing every client's connection) or disconnects, and frees the store. Accepts
