@@ -8,7 +8,8 @@
  * - waiting in slices (cfx_bind_wait_sliced), for a binding that must look at signals between them;
  * - init and reform options set by name (cfx_bind_init_option, cfx_bind_reform_option) and
  *   compressions named by string (cfx_bind_compression_code), so that every language accepts the
- *   same names and reports a bad one with the same message.
+ *   same names and reports a bad one with the same message;
+ * - a rendezvous store's value as one copy (cfx_bind_store_get), for the languages' byte strings.
  * Header-only (static inline) on the public ABI alone: each binding's module compiles it, as C or
  * as C++. A binding keeps only what is its language's: converting its objects, raising its errors.
  */
@@ -18,6 +19,7 @@
 #include <ctype.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "conflux/conflux.h"
@@ -247,6 +249,35 @@ static inline cfx_status cfx_bind_reform_option(cfx_reform_options *o, const cha
 {
     return cfx_bind_set_field(o, cfx_bind_reform_fields, CFX_BIND_REFORM_FIELD_COUNT, "reform",
                               name, value, msg, msg_size);
+}
+
+/* ---- the rendezvous store ------------------------------------------------------------------ */
+
+/* cfx_store_get into a malloc'ed copy: *data (the caller frees it) and *len when *present, else
+ * *data NULL. A value that grew between the look at its length and the copy is looked up again.
+ * CFX_ERR_OUT_OF_MEMORY (no message recorded) when the copy cannot be allocated. */
+static inline cfx_status cfx_bind_store_get(cfx_store *store, const char *key, char **data,
+                                            size_t *len, int *present)
+{
+    size_t cap = 0;
+    char *buf = NULL;
+    *data = NULL;
+    for (;;) {
+        cfx_status st = cfx_store_get(store, key, buf, cap, len, present);
+        if (st != CFX_OK || !*present) {
+            free(buf);
+            return st;
+        }
+        if (buf != NULL && *len <= cap) {
+            *data = buf;
+            return CFX_OK;
+        }
+        free(buf);
+        cap = *len;
+        buf = (char *)malloc(cap ? cap : 1);
+        if (buf == NULL)
+            return CFX_ERR_OUT_OF_MEMORY;
+    }
 }
 
 #endif /* CFX_BIND_H */

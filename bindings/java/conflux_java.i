@@ -126,6 +126,21 @@
 %ignore cfx_store_callbacks;
 %ignore cfx_init_with_store;
 %ignore cfx_init_group;
+/* The public rendezvous store (cfx_store_*, since 1.4): TcpStore.java through the cfxj_tcpstore_*
+ * helpers (the store as a long, values as byte[]); a TcpStore.Server keeps no events. */
+%ignore cfx_store_serve;
+%ignore cfx_store_connect;
+%ignore cfx_store_port;
+%ignore cfx_store_set;
+%ignore cfx_store_get;
+%ignore cfx_store_event_kind;
+%ignore CFX_STORE_EVENT_NONE;
+%ignore CFX_STORE_EVENT_SET;
+%ignore CFX_STORE_EVENT_CLOSED;
+%ignore CFX_STORE_EVENT_VERSION;
+%ignore cfx_store_event;
+%ignore cfx_store_next_event;
+%ignore cfx_store_free;
 
 /* ---- Helpers ------------------------------------------------------------------------------ */
 
@@ -749,6 +764,67 @@ cfx_context *cfxj_init_group(int64_t options, int64_t store, int32_t rank, int32
     }
     return ctx;
 }
+%}
+
+/* ---- the engine's TCP store (TcpStore.java) ---- */
+
+%inline %{
+/* cfx_store_serve without events; 0 after recording the status. */
+int64_t cfxj_tcpstore_serve(int32_t port) {
+    cfx_store *s = NULL;
+    cfx_status st = cfx_store_serve(port, 0, &s);
+    if (st != CFX_OK) {
+        cfxj_set_status(st);
+        return 0;
+    }
+    return (int64_t)(intptr_t)s;
+}
+
+/* cfx_store_connect; 0 after recording the status. */
+int64_t cfxj_tcpstore_connect(const char *host, int32_t port, double timeout_s) {
+    cfx_store *s = NULL;
+    cfx_status st = cfx_store_connect(host, port, timeout_s, &s);
+    if (st != CFX_OK) {
+        cfxj_set_status(st);
+        return 0;
+    }
+    return (int64_t)(intptr_t)s;
+}
+
+int32_t cfxj_tcpstore_port(int64_t store) { return cfx_store_port(cfxj_ptr(store)); }
+
+/* cfx_store_set of a byte[]: the status. */
+int32_t cfxj_tcpstore_set(JNIEnv *jenv, int64_t store, const char *key, jbyteArray value) {
+    jsize n = (*jenv)->GetArrayLength(jenv, value);
+    jbyte *b = (*jenv)->GetByteArrayElements(jenv, value, NULL);
+    cfx_status st;
+    if (!b) {
+        (*jenv)->ExceptionClear(jenv);
+        return (int32_t)CFX_ERR_OUT_OF_MEMORY;
+    }
+    st = cfx_store_set(cfxj_ptr(store), key, b, (size_t)n);
+    (*jenv)->ReleaseByteArrayElements(jenv, value, b, JNI_ABORT);
+    return (int32_t)st;
+}
+
+/* cfx_store_get as a byte[]: NULL while the key is not set (status CFX_OK) or after recording a
+ * failure. */
+jbyteArray cfxj_tcpstore_get(JNIEnv *jenv, int64_t store, const char *key) {
+    char *data = NULL;
+    size_t len = 0;
+    int present = 0;
+    jbyteArray v = NULL;
+    cfx_status st = cfx_bind_store_get(cfxj_ptr(store), key, &data, &len, &present);
+    cfxj_set_status(st == CFX_OK && present && len > 0x7fffffff ? CFX_ERR_OUT_OF_MEMORY : st);
+    if (st == CFX_OK && present && len <= 0x7fffffff) {
+        v = (*jenv)->NewByteArray(jenv, (jsize)len);
+        if (v) (*jenv)->SetByteArrayRegion(jenv, v, 0, (jsize)len, (const jbyte *)data);
+    }
+    free(data);
+    return v;
+}
+
+void cfxj_tcpstore_free(int64_t store) { cfx_store_free(cfxj_ptr(store)); }
 %}
 
 %inline %{

@@ -66,6 +66,21 @@
 %ignore cfx_elastic_init;
 %ignore cfx_context_reform;
 %ignore cfx_membership_pending;
+/* the public rendezvous store (cfx_store_*, since 1.4): served by launchers (the Python drivers
+ * of conflux.spark and conflux.ray); not wrapped for Lua */
+%ignore cfx_store_serve;
+%ignore cfx_store_connect;
+%ignore cfx_store_port;
+%ignore cfx_store_set;
+%ignore cfx_store_get;
+%ignore cfx_store_event_kind;
+%ignore CFX_STORE_EVENT_NONE;
+%ignore CFX_STORE_EVENT_SET;
+%ignore CFX_STORE_EVENT_CLOSED;
+%ignore CFX_STORE_EVENT_VERSION;
+%ignore cfx_store_event;
+%ignore cfx_store_next_event;
+%ignore cfx_store_free;
 
 %{
 #include <limits.h>

@@ -587,6 +587,11 @@ static int cfx_py_add_fast(PyObject *module) {
     $result = SWIG_Python_AppendOutput($result, SWIG_NewPointerObj(SWIG_as_voidptr(tmp$argnum),
                                                                    $descriptor(cfx_gradset *), 0));
 }
+%typemap(in, numinputs=0) cfx_store **out (cfx_store *tmp = NULL) { $1 = &tmp; }
+%typemap(argout) cfx_store **out {
+    $result = SWIG_Python_AppendOutput($result, SWIG_NewPointerObj(SWIG_as_voidptr(tmp$argnum),
+                                                                   $descriptor(cfx_store *), 0));
+}
 %typemap(in, numinputs=0) int32_t *out (int32_t tmp = 0) { $1 = &tmp; }
 %typemap(argout) int32_t *out { $result = SWIG_Python_AppendOutput($result, PyLong_FromLong(tmp$argnum)); }
 %typemap(in, numinputs=0) int *out (int tmp = 0) { $1 = &tmp; }
@@ -631,6 +636,14 @@ static int cfx_py_add_fast(PyObject *module) {
 %typemap(in) void *output, void *dst {
     if (cfx_py_pointer($input, &$1, "output address") < 0) SWIG_fail;
 }
+/* cfx_store_set: the value as bytes (or any contiguous buffer), held until the call returns. */
+%typemap(in) (const void *data, size_t len) (Py_buffer view, int got = 0) {
+    if (PyObject_GetBuffer($input, &view, PyBUF_SIMPLE) < 0) SWIG_fail;
+    got = 1;
+    $1 = view.buf;
+    $2 = (size_t)view.len;
+}
+%typemap(freearg) (const void *data, size_t len) { if (got$argnum) PyBuffer_Release(&view$argnum); }
 /* cfx_free: an int address (None: NULL, a no-op). */
 %typemap(in) void *ptr {
     if (cfx_py_pointer($input, &$1, "address") < 0) SWIG_fail;
@@ -705,6 +718,11 @@ static int cfx_py_add_fast(PyObject *module) {
 }
 %typemap(freearg) (const int *ranks, size_t n) { free(tmp$argnum); }
 
+/* The store's look-up and events: cfx_py_store_get and cfx_py_store_next_event (bytes, and a
+ * tuple per event, instead of buffers and a struct). */
+%ignore cfx_store_get;
+%ignore cfx_store_next_event;
+%ignore cfx_store_event;
 /* Replaced by the helpers below (their status is the collective's, not a call error). */
 %ignore cfx_wait;
 %ignore cfx_handle_status;
@@ -726,6 +744,57 @@ cfx_status cfx_py_allreduce_async(cfx_context *ctx, const char *name, const cfx_
                                   void *output, int op, double prescale, double postscale,
                                   int compression, cfx_handle *out);
 PyObject *cfx_py_raise_status(int status, const char *message);
+
+/* The rendezvous store (cfx_store_*): the helpers that give Python bytes and tuples. */
+%nothread cfx_py_store_get;
+%nothread cfx_py_store_next_event;
+%inline %{
+/* cfx_store_get -> the value as bytes, or None while the key is not set; the GIL released
+ * around the look (a client's is a request to its server). */
+static PyObject *cfx_py_store_get(cfx_store *store, const char *key) {
+    char *data = NULL;
+    size_t len = 0;
+    int present = 0;
+    cfx_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = cfx_bind_store_get(store, key, &data, &len, &present);
+    Py_END_ALLOW_THREADS
+    if (st == CFX_ERR_OUT_OF_MEMORY) return PyErr_NoMemory();
+    if (st != CFX_OK) {
+        cfx_py_raise((int)st, cfx_last_error());
+        return NULL;
+    }
+    if (!present) Py_RETURN_NONE;
+    PyObject *value = PyBytes_FromStringAndSize(data, (Py_ssize_t)len);
+    free(data);
+    return value;
+}
+
+/* cfx_store_next_event -> None when none came within timeout_s, else (kind, connection, key,
+ * value): kind a CFX_STORE_EVENT_* value, key a str (None for CLOSED), value bytes (None for
+ * CLOSED). Waits with the GIL released. */
+static PyObject *cfx_py_store_next_event(cfx_store *store, double timeout_s) {
+    cfx_store_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.version = CFX_STORE_EVENT_VERSION;
+    cfx_status st;
+    Py_BEGIN_ALLOW_THREADS
+    st = cfx_store_next_event(store, timeout_s, &ev);
+    Py_END_ALLOW_THREADS
+    if (st == CFX_ERR_TIMEOUT) Py_RETURN_NONE;
+    if (st != CFX_OK) {
+        cfx_py_raise((int)st, cfx_last_error());
+        return NULL;
+    }
+    if (ev.kind != CFX_STORE_EVENT_SET)
+        return Py_BuildValue("(iKOO)", (int)ev.kind, (unsigned long long)ev.connection, Py_None,
+                             Py_None);
+    PyObject *key = PyUnicode_DecodeUTF8(ev.key, (Py_ssize_t)strlen(ev.key), "replace");
+    if (key == NULL) return NULL;
+    return Py_BuildValue("(iKNy#)", (int)ev.kind, (unsigned long long)ev.connection, key,
+                         (const char *)ev.value, (Py_ssize_t)ev.len);
+}
+%}
 
 /* bind.h's names, so that Python accepts what the other languages accept. */
 int cfx_bind_compression_code(const char *name);

@@ -44,7 +44,7 @@ import tempfile
 import threading
 import time
 
-from ._store_server import StoreClient, StoreServer
+from ._store import StoreClient, StoreServer
 
 __all__ = ["run", "TaskFailedError"]
 

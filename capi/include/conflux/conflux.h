@@ -3,7 +3,7 @@
  *
  * This is the only header a user includes. It owns the stable, versioned ABI: status codes, dtypes,
  * reduction ops, the tensor description, init options, the opaque context, asynchronous collectives
- * and their handles. Nothing internal leaks into it.
+ * and their handles, and the rendezvous store a launcher serves. Nothing internal leaks into it.
  *
  * Conventions (docs/c-api.md has the full text):
  * - Every fallible call returns a cfx_status; CFX_OK is 0. On failure cfx_last_error() holds a
@@ -605,6 +605,79 @@ CFX_API int cfx_member_id(const cfx_context *ctx);
 /* How many newcomers are waiting to join the next round (a local look at the store: ranks may see
  * different counts; agree with a collective before reforming). */
 CFX_API cfx_status cfx_membership_pending(cfx_context *ctx, int *out);
+
+/* ---- Rendezvous store (since 1.4) ------------------------------------------------------------
+ * The engine's TCP store (the one cfxrun and the ranks meet through) as an object of its own, so
+ * that a launcher in any language serves it and its tasks speak to it: conflux.spark's and
+ * conflux.ray's drivers serve it (their ranks get CFX_RENDEZVOUS_ADDR=host:port and
+ * CFX_RENDEZVOUS_EXTERNAL=1), and watch their tasks through its events. Keys are strings of at most
+ * 4096 bytes, values byte strings of at most 256 MiB; setting a key again replaces its value.
+ * Every call is safe from any thread but cfx_store_free (no other call on the store may be in
+ * flight) and cfx_store_next_event (one thread at a time). */
+
+typedef struct cfx_store cfx_store;
+
+/* Serves the store on `port` (0: a free one the system picks; cfx_store_port says which) of every
+ * interface, for every world a job forms there, until cfx_store_free. With `events` 1 the store
+ * queues what its clients do for cfx_store_next_event (read them as they come: they queue until
+ * read); with 0 it keeps none. CFX_ERR_CONFIG naming the port when it is taken (set
+ * CFX_RENDEZVOUS_PORT to a free one); CFX_ERR_INVALID_ARGUMENT for a port outside 0..65535, events
+ * other than 0 or 1, or a NULL out. */
+CFX_API cfx_status cfx_store_serve(int port, int events, cfx_store **out);
+
+/* Connects to the store served at host:port (by cfx_store_serve, cfxrun or a rank 0), trying
+ * until timeout_s passed (the server may start later): CFX_ERR_TIMEOUT naming the address and
+ * why; CFX_ERR_CONFIG when something other than a Conflux store answers there;
+ * CFX_ERR_INVALID_ARGUMENT for an empty host, a port outside 1..65535, a negative timeout_s or a
+ * NULL out. A request the server does not answer within timeout_s fails with CFX_ERR_PEER_LOST. */
+CFX_API cfx_status cfx_store_connect(const char *host, int port, double timeout_s, cfx_store **out);
+
+/* The port the store is served on (or, for a client, the one it connected to); -1 (and
+ * cfx_last_error) for NULL. */
+CFX_API int cfx_store_port(const cfx_store *store);
+
+/* Sets `key` to the `len` bytes at `data` (NULL when len is 0). On a served store the key is set
+ * in place, and makes no event. CFX_ERR_PEER_LOST when a client's server is gone. */
+CFX_API cfx_status cfx_store_set(cfx_store *store, const char *key, const void *data, size_t len);
+
+/* Looks `key` up once, without waiting: *present = 1 when it is set, with its length in *len and
+ * its first min(len, cap) bytes copied to buf (buf may be NULL when cap is 0: ask the length, then
+ * call again with a buffer that large, as cfx_store_callbacks.get is called); *present = 0 and
+ * *len = 0 while it is not set. */
+CFX_API cfx_status cfx_store_get(cfx_store *store, const char *key, void *buf, size_t cap,
+                                 size_t *len, int *present);
+
+typedef enum cfx_store_event_kind {
+    CFX_STORE_EVENT_NONE = 0,  /* no event (cfx_store_next_event timed out) */
+    CFX_STORE_EVENT_SET = 1,   /* a client set `key` to `value` */
+    CFX_STORE_EVENT_CLOSED = 2 /* a client's connection ended: the client closed it, or its
+                                * process died */
+} cfx_store_event_kind;
+
+#define CFX_STORE_EVENT_VERSION 1
+
+/* What happened at a served store. The caller sets `version` (CFX_STORE_EVENT_VERSION); the
+ * library fills the rest. Fields are only ever appended. */
+typedef struct cfx_store_event {
+    uint32_t version;    /* CFX_STORE_EVENT_VERSION the caller was built with */
+    int32_t kind;        /* a cfx_store_event_kind */
+    uint64_t connection; /* the client connection (numbered from 1 in the order they came) */
+    const char *key;     /* SET: the key (NUL-terminated); else NULL */
+    const void *value;   /* SET: its value, `len` bytes; else NULL. key and value are borrowed
+                          * until the next cfx_store_next_event or cfx_store_free */
+    size_t len;
+} cfx_store_event;
+
+/* The next event of a served store into *out (its version set by the caller), in the order they
+ * happened (a connection's SET events come before its CLOSED), waiting at most timeout_s (>= 0)
+ * for one: CFX_ERR_TIMEOUT (out->kind NONE) when none came. Events queue until they are read.
+ * CFX_ERR_INVALID_ARGUMENT for a client or a store served without events, a negative timeout_s or
+ * a NULL out; CFX_ERR_VERSION for a version this library does not know. */
+CFX_API cfx_status cfx_store_next_event(cfx_store *store, double timeout_s, cfx_store_event *out);
+
+/* Stops serving (closing every client's connection) or disconnects, and frees the store. Accepts
+ * NULL. */
+CFX_API void cfx_store_free(cfx_store *store);
 
 #ifdef __cplusplus
 }

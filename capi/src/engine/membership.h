@@ -13,10 +13,11 @@
  * - Round N >= 1 forms world N. A participant writes "r<N>/hello/<id>" and waits for
  *   "r<N>/decision". The round's leader is the first member of world N-1 (by its rank there) that
  *   said hello and is not known gone ("gone/<id>", written by the driver when it sees a process
- *   exit). It decides once every member of world N-1 said hello or is known gone, or the settle
- *   time passed: the new world is the survivors in their old order, then newcomers (found by
- *   looking at ids past the largest known, NEWCOMER_WINDOW of them), at most max_size. Fewer than
- *   min_size after the deadline: the decision is a failure naming who is missing.
+ *   exit or stops one; a member marked gone is left out even when it said hello). It decides
+ *   once every member of world N-1 said hello or is known gone, or the settle time passed: the
+ *   new world is the survivors in their old order, then newcomers (found by looking at ids past
+ *   the largest known, NEWCOMER_WINDOW of them), at most max_size. Fewer than min_size after the
+ *   deadline: the decision is a failure naming who is missing.
  * - A newcomer leads (the first by id) only once every member of world N-1 is known gone; until
  *   then newcomers wait for them (they come at their next check), and at its deadline a newcomer
  *   gives up without deciding (CFX_ERR_TIMEOUT). A participant known gone fails at once.

@@ -2,10 +2,11 @@
  * store - the key-value store the ranks of a job meet through before any transport exists: set a
  * key, look it up, wait for keys with a deadline. Values are byte strings; a key is set once.
  *
- * Implementations: a TCP store (store_tcp.c: a server thread on rank 0 or in cfxrun, a client in
- * every rank), a file store (store_file.c: a directory every rank sees), and a store handed in
- * through the ABI as callbacks (store.c: cfx_store_callbacks, e.g. torch.distributed's Store from
- * Python). A prefixed view (store.c) gives each transport context its own key space.
+ * Implementations: a TCP store (store_tcp.c: a client in every rank, and store_tcp_server.c's
+ * server thread on rank 0 or in a launcher: cfxrun's cfx-store, the Spark and Ray drivers through
+ * the public cfx_store), a file store (store_file.c: a directory every rank sees), and a store
+ * handed in through the ABI as callbacks (store.c: cfx_store_callbacks, e.g. torch.distributed's
+ * Store from Python). A prefixed view (store.c) gives each transport context its own key space.
  */
 #ifndef CFX_STORE_H
 #define CFX_STORE_H
@@ -92,7 +93,8 @@ typedef struct cx_tcp_store_params {
     int serve;             /* this process starts the server first (all addresses) */
     /* (>= 1) numbers the worlds one job forms one after another on the same port: a server of an
      * earlier world that is still shutting down is passed over (a launcher's server says 0: it
-     * serves every generation). */
+     * serves every generation; a client that says 0 takes whichever server answers: a launcher's
+     * own client, cfx_store_connect). */
     unsigned generation;
     double timeout_s; /* clients connect until then (the server may start later) */
 } cx_tcp_store_params;
@@ -101,6 +103,11 @@ typedef struct cx_tcp_store_params {
  * CFX_ERR_CONFIG naming the ports when they are all taken, or when another program or another
  * job's store answers at a chosen port. */
 cfx_status cx_store_tcp_create(const cx_tcp_store_params *p, cx_store **out);
+
+/* One look at a key of a TCP store's client (one request): *present, and when set its value
+ * (*data malloc'ed, the caller frees it). */
+cfx_status cx_store_tcp_lookup(cx_store *s, const char *key, int *present, void **data,
+                               size_t *len);
 
 #ifdef __cplusplus
 }

@@ -1,25 +1,17 @@
 /*
- * store_tcp - the TCP store: a server thread (on rank 0, or in cfxrun: tools/cfxrun speaks the same
- * protocol) holding every key in memory, and a client connection in every rank.
- *
- * Protocol (integers are 32-bit big-endian): on connect the server sends the 10-byte greeting
- * "CFXSTORE1\n" (a client that reads anything else has reached some other program) and its
- * generation (0: any; else the world it serves, see store.h). Requests:
- * 'S' klen key vlen value -> 1 byte (1); 'C' klen key -> 1 byte (1 set, 0 not); 'G' klen key -> 1
- * byte (set or not), then vlen value when set; 'O' klen key vlen value -> 1 byte (1 set now, 0 it
- * was set already and stays as it was: the first value wins). 'S' overwrites (a heartbeat counts
- * up under one key); a client waits by polling 'C'.
+ * store_tcp - the TCP store's client (a connection in every rank) and cx_store_tcp_create, which
+ * also starts the server (store_tcp_server.c) in the process that serves: rank 0, or a launcher's
+ * tool (tools/cfx-store.c). The protocol is store_tcp_wire.h's.
  *
  * A store whose port is derived rather than chosen (torchrun's MASTER_PORT + 1, Slurm's job id)
  * may find it taken by another program's socket: the server then takes the next free port of a
- * short range, and holds the job's token under JOB_KEY so that a client trying the range knows
- * its own job's store from another job's.
+ * short range, and holds the job's token under CX_STORE_JOB_KEY so that a client trying the range
+ * knows its own job's store from another job's.
  */
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -32,326 +24,26 @@
 #include "base/clock.h"
 #include "base/error.h"
 #include "rendezvous/store.h"
+#include "rendezvous/store_tcp_server.h"
+#include "rendezvous/store_tcp_wire.h"
 
-#define GREETING "CFXSTORE1\n"
-#define JOB_KEY "cfx/job-token"
 #define GREETING_WAIT_S 3.0 /* trying a range of ports: how long a mute listener may hold us */
-#define GREETING_LEN 10
-#define KEY_LIMIT 4096u
-#define VALUE_LIMIT (256u << 20)
-
-typedef struct entry {
-    char *key;
-    void *value;
-    size_t len;
-} entry;
-
-typedef struct tcp_server {
-    int listen_fd, wake[2];
-    unsigned generation;
-    pthread_t thread;
-    entry *entries;
-    size_t n_entries, cap_entries;
-} tcp_server;
 
 typedef struct tcp_store {
     cx_store base;
     int fd;
     double io_timeout_s;
-    pthread_mutex_t mu; /* one request at a time on the connection */
-    tcp_server *server; /* set in the process that serves */
+    pthread_mutex_t mu;    /* one request at a time on the connection */
+    cx_tcp_server *server; /* set in the process that serves */
 } tcp_store;
-
-/* ---- byte I/O ------------------------------------------------------------------------------- */
-
-static int read_full(int fd, void *buf, size_t len)
-{
-    char *p = buf;
-    while (len) {
-        ssize_t r = recv(fd, p, len, 0);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return -1;
-        p += r;
-        len -= (size_t)r;
-    }
-    return 0;
-}
-
-static int write_full(int fd, const void *buf, size_t len)
-{
-    const char *p = buf;
-    while (len) {
-        ssize_t w = send(fd, p, len, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return -1;
-        p += w;
-        len -= (size_t)w;
-    }
-    return 0;
-}
-
-static void put_u32(unsigned char *p, uint32_t v)
-{
-    p[0] = (unsigned char)(v >> 24);
-    p[1] = (unsigned char)(v >> 16);
-    p[2] = (unsigned char)(v >> 8);
-    p[3] = (unsigned char)v;
-}
-
-static uint32_t get_u32(const unsigned char *p)
-{
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
-}
-
-static int read_u32(int fd, uint32_t *v)
-{
-    unsigned char b[4];
-    if (read_full(fd, b, 4))
-        return -1;
-    *v = get_u32(b);
-    return 0;
-}
-
-/* A length-prefixed string read into a malloc'ed buffer (NUL-terminated for keys). */
-static int read_blob(int fd, uint32_t limit, char **out, uint32_t *len)
-{
-    if (read_u32(fd, len) || *len > limit)
-        return -1;
-    char *b = malloc((size_t)*len + 1);
-    if (!b || read_full(fd, b, *len)) {
-        free(b);
-        return -1;
-    }
-    b[*len] = '\0';
-    *out = b;
-    return 0;
-}
-
-/* ---- server --------------------------------------------------------------------------------- */
-
-static entry *find(tcp_server *s, const char *key)
-{
-    for (size_t i = 0; i < s->n_entries; i++)
-        if (!strcmp(s->entries[i].key, key))
-            return &s->entries[i];
-    return NULL;
-}
-
-/* Answers one request; -1 drops the client (it closed, or sent something malformed). */
-static int serve_request(tcp_server *s, int fd)
-{
-    unsigned char op;
-    char *key = NULL, *value = NULL;
-    uint32_t klen, vlen;
-    if (read_full(fd, &op, 1) || read_blob(fd, KEY_LIMIT, &key, &klen))
-        return -1;
-    int rc = -1;
-    entry *e = find(s, key);
-    if ((op == 'S' || op == 'O') && !read_blob(fd, VALUE_LIMIT, &value, &vlen)) {
-        unsigned char stored = op == 'S' || !e; /* 'O' leaves a key that is set as it is */
-        if (!e && s->n_entries == s->cap_entries) {
-            size_t cap = s->cap_entries ? 2 * s->cap_entries : 64;
-            entry *grown = realloc(s->entries, cap * sizeof *grown);
-            if (!grown)
-                goto out;
-            s->entries = grown;
-            s->cap_entries = cap;
-        }
-        if (!e) {
-            e = &s->entries[s->n_entries++];
-            e->key = key;
-            e->value = NULL;
-            key = NULL;
-        }
-        if (stored) {
-            free(e->value);
-            e->value = value;
-            e->len = vlen;
-            value = NULL;
-        }
-        rc = write_full(fd, &stored, 1);
-    } else if (op == 'C') {
-        unsigned char present = e != NULL;
-        rc = write_full(fd, &present, 1);
-    } else if (op == 'G') {
-        unsigned char head[5] = {e != NULL};
-        put_u32(head + 1, e ? (uint32_t)e->len : 0);
-        rc = write_full(fd, head, e ? 5 : 1);
-        if (!rc && e)
-            rc = write_full(fd, e->value, e->len);
-    }
-out:
-    free(key);
-    free(value);
-    return rc;
-}
-
-static void *server_main(void *arg)
-{
-    tcp_server *s = arg;
-    struct pollfd *fds = NULL;
-    size_t n = 2, cap = 0;
-    for (;;) {
-        if (n + 1 > cap) {
-            size_t grown_cap = cap ? 2 * cap : 16;
-            struct pollfd *grown = realloc(fds, grown_cap * sizeof *grown);
-            if (!grown)
-                break;
-            if (!fds) {
-                grown[0] = (struct pollfd){.fd = s->wake[0], .events = POLLIN};
-                grown[1] = (struct pollfd){.fd = s->listen_fd, .events = POLLIN};
-            }
-            fds = grown;
-            cap = grown_cap;
-        }
-        if (poll(fds, (nfds_t)n, -1) < 0) {
-            if (errno == EINTR)
-                continue;
-            break;
-        }
-        if (fds[0].revents)
-            break;
-        if (fds[1].revents & POLLIN) {
-            int c = accept(s->listen_fd, NULL, NULL);
-            if (c >= 0) {
-                int one = 1;
-                setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-                unsigned char hello[GREETING_LEN + 4];
-                memcpy(hello, GREETING, GREETING_LEN);
-                put_u32(hello + GREETING_LEN, s->generation);
-                if (write_full(c, hello, sizeof hello) == 0)
-                    fds[n++] = (struct pollfd){.fd = c, .events = POLLIN};
-                else
-                    close(c);
-            }
-        }
-        for (size_t i = 2; i < n; i++) {
-            if (!fds[i].revents)
-                continue;
-            if (serve_request(s, fds[i].fd)) {
-                close(fds[i].fd);
-                fds[i--] = fds[--n];
-            }
-        }
-    }
-    for (size_t i = 2; i < n; i++)
-        close(fds[i].fd);
-    free(fds);
-    return NULL;
-}
-
-static void server_stop(tcp_server *s)
-{
-    if (!s)
-        return;
-    if (write(s->wake[1], "x", 1) == 1)
-        pthread_join(s->thread, NULL);
-    close(s->wake[0]);
-    close(s->wake[1]);
-    close(s->listen_fd);
-    for (size_t i = 0; i < s->n_entries; i++) {
-        free(s->entries[i].key);
-        free(s->entries[i].value);
-    }
-    free(s->entries);
-    free(s);
-}
-
-/* A listening socket on `port` (all addresses), or -1 with errno set. */
-static int listen_on(int port)
-{
-    int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int v6 = fd >= 0;
-    if (!v6)
-        fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    int one = 1, zero = 0;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (v6)
-        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
-    struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)port),
-                              .sin6_addr = IN6ADDR_ANY_INIT};
-    struct sockaddr_in a4 = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                             .sin_addr.s_addr = htonl(INADDR_ANY)};
-    int rc = v6 ? bind(fd, (struct sockaddr *)&a6, sizeof a6)
-                : bind(fd, (struct sockaddr *)&a4, sizeof a4);
-    if (rc != 0 || listen(fd, 1024) != 0) {
-        int e = errno;
-        close(fd);
-        errno = e;
-        return -1;
-    }
-    return fd;
-}
-
-/* Serves on the first free port of p->port .. p->port + p->port_span - 1; *port_out: which. */
-static cfx_status server_start(const cx_tcp_store_params *p, tcp_server **out, int *port_out)
-{
-    tcp_server *s = calloc(1, sizeof *s);
-    if (!s)
-        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "rendezvous: no memory for the TCP store's server");
-    s->generation = p->generation;
-    int span = p->port_span > 1 ? p->port_span : 1, e = 0;
-    s->listen_fd = -1;
-    for (int i = 0; i < span && s->listen_fd < 0; i++) {
-        s->listen_fd = listen_on(p->port + i);
-        e = errno;
-        *port_out = p->port + i;
-    }
-    struct sockaddr_storage bound; /* port 0: the one the system chose */
-    socklen_t bound_len = sizeof bound;
-    if (s->listen_fd >= 0 && p->port == 0 &&
-        getsockname(s->listen_fd, (struct sockaddr *)&bound, &bound_len) == 0)
-        *port_out = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                                                      : ((struct sockaddr_in *)&bound)->sin_port);
-    if (s->listen_fd < 0) {
-        free(s);
-        char ports[48];
-        snprintf(ports, sizeof ports, span > 1 ? "ports %d-%d" : "port %d", p->port,
-                 p->port + span - 1);
-        return cx_fail(CFX_ERR_CONFIG, "rendezvous: cannot serve the TCP store on %s: %s%s", ports,
-                       strerror(e), e == EADDRINUSE ? " (other programs have them: set "
-                       "CFX_RENDEZVOUS_PORT to a free port on rank 0's host)" : "");
-    }
-    if (p->job_token) {
-        s->entries = calloc(1, sizeof *s->entries);
-        if (s->entries) {
-            s->cap_entries = s->n_entries = 1;
-            s->entries[0].key = strdup(JOB_KEY);
-            s->entries[0].value = strdup(p->job_token);
-            s->entries[0].len = strlen(p->job_token);
-        }
-    }
-    cfx_status st = CFX_OK;
-    if (p->job_token && (!s->entries || !s->entries[0].key || !s->entries[0].value))
-        st = cx_fail(CFX_ERR_OUT_OF_MEMORY, "rendezvous: no memory for the TCP store's server");
-    else if (pipe(s->wake) != 0 || pthread_create(&s->thread, NULL, server_main, s) != 0)
-        st = cx_fail(CFX_ERR_INTERNAL, "rendezvous: cannot start the TCP store's server thread");
-    if (st) {
-        close(s->listen_fd);
-        if (s->entries) {
-            free(s->entries[0].key);
-            free(s->entries[0].value);
-        }
-        free(s->entries);
-        free(s);
-        return st;
-    }
-    *out = s;
-    return CFX_OK;
-}
 
 /* ---- client --------------------------------------------------------------------------------- */
 
 static cfx_status lost(tcp_store *t, const char *what, const char *key)
 {
     return cx_fail(CFX_ERR_PEER_LOST, "rendezvous: the %s stopped answering (%s key \"%s\"): did "
-                   "the process serving it (rank 0 or cfxrun) exit?", t->base.where, what, key);
+                   "the process serving it (rank 0, or the launcher) exit?", t->base.where, what,
+                   key);
 }
 
 static int send_request(tcp_store *t, char op, const char *key, const void *value, size_t vlen)
@@ -359,22 +51,22 @@ static int send_request(tcp_store *t, char op, const char *key, const void *valu
     size_t klen = strlen(key);
     unsigned char head[5];
     head[0] = (unsigned char)op;
-    put_u32(head + 1, (uint32_t)klen);
-    if (write_full(t->fd, head, 5) || write_full(t->fd, key, klen))
+    cx_wire_put_u32(head + 1, (uint32_t)klen);
+    if (cx_wire_write(t->fd, head, 5) || cx_wire_write(t->fd, key, klen))
         return -1;
     if (op != 'S' && op != 'O')
         return 0;
     unsigned char len[4];
-    put_u32(len, (uint32_t)vlen);
-    return write_full(t->fd, len, 4) || write_full(t->fd, value, vlen) ? -1 : 0;
+    cx_wire_put_u32(len, (uint32_t)vlen);
+    return cx_wire_write(t->fd, len, 4) || cx_wire_write(t->fd, value, vlen) ? -1 : 0;
 }
 
 static cfx_status check_sizes(const char *key, size_t vlen)
 {
-    if (strlen(key) > KEY_LIMIT || vlen > VALUE_LIMIT)
-        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "rendezvous: key \"%.64s\" (%zu characters) or its "
-                       "value (%zu bytes) is above the TCP store's limits (%u, %u)", key,
-                       strlen(key), vlen, KEY_LIMIT, VALUE_LIMIT);
+    if (strlen(key) > CX_STORE_KEY_LIMIT || vlen > CX_STORE_VALUE_LIMIT)
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "rendezvous: key \"%.64s\" (%zu characters) or "
+                       "its value (%zu bytes) is above the TCP store's limits (%u, %u)", key,
+                       strlen(key), vlen, CX_STORE_KEY_LIMIT, CX_STORE_VALUE_LIMIT);
     return CFX_OK;
 }
 
@@ -387,7 +79,7 @@ static cfx_status tcp_put(cx_store *s, char op, const char *key, const void *dat
         return st;
     unsigned char answer = 2;
     pthread_mutex_lock(&t->mu);
-    int rc = send_request(t, op, key, data, len) || read_full(t->fd, &answer, 1);
+    int rc = send_request(t, op, key, data, len) || cx_wire_read(t->fd, &answer, 1);
     pthread_mutex_unlock(&t->mu);
     if (!rc && (answer == 1 || (op == 'O' && answer == 0)))
         return CFX_OK;
@@ -416,7 +108,7 @@ static cfx_status tcp_check(cx_store *s, const char *key, int *present)
         return st;
     unsigned char p = 0;
     pthread_mutex_lock(&t->mu);
-    int rc = send_request(t, 'C', key, NULL, 0) || read_full(t->fd, &p, 1);
+    int rc = send_request(t, 'C', key, NULL, 0) || cx_wire_read(t->fd, &p, 1);
     pthread_mutex_unlock(&t->mu);
     if (rc)
         return lost(t, "looking up", key);
@@ -424,27 +116,36 @@ static cfx_status tcp_check(cx_store *s, const char *key, int *present)
     return CFX_OK;
 }
 
-static cfx_status tcp_get(cx_store *s, const char *key, void **data, size_t *len)
+cfx_status cx_store_tcp_lookup(cx_store *s, const char *key, int *present, void **data,
+                               size_t *len)
 {
     tcp_store *t = (tcp_store *)s;
     cfx_status st = check_sizes(key, 0);
     if (st)
         return st;
-    unsigned char present = 0;
+    unsigned char set = 0;
     uint32_t n = 0;
     char *buf = NULL;
     pthread_mutex_lock(&t->mu);
-    int rc = send_request(t, 'G', key, NULL, 0) || read_full(t->fd, &present, 1) ||
-             (present && read_blob(t->fd, VALUE_LIMIT, &buf, &n));
+    int rc = send_request(t, 'G', key, NULL, 0) || cx_wire_read(t->fd, &set, 1) ||
+             (set && cx_wire_read_blob(t->fd, CX_STORE_VALUE_LIMIT, &buf, &n));
     pthread_mutex_unlock(&t->mu);
     if (rc)
         return lost(t, "reading", key);
-    if (!present)
-        return cx_fail(CFX_ERR_INTERNAL, "rendezvous: key \"%s\" is not set in the %s", key,
-                       s->where);
+    *present = set == 1;
     *data = buf;
     *len = n;
     return CFX_OK;
+}
+
+static cfx_status tcp_get(cx_store *s, const char *key, void **data, size_t *len)
+{
+    int present = 0;
+    cfx_status st = cx_store_tcp_lookup(s, key, &present, data, len);
+    if (!st && !present)
+        st = cx_fail(CFX_ERR_INTERNAL, "rendezvous: key \"%s\" is not set in the %s", key,
+                     s->where);
+    return st;
 }
 
 static void tcp_destroy(cx_store *s)
@@ -452,7 +153,7 @@ static void tcp_destroy(cx_store *s)
     tcp_store *t = (tcp_store *)s;
     if (t->fd >= 0)
         close(t->fd);
-    server_stop(t->server);
+    cx_tcp_server_stop(t->server);
     pthread_mutex_destroy(&t->mu);
     free(t);
 }
@@ -502,18 +203,19 @@ static int connect_once(const char *host, int port, double io_timeout_s, int *ga
     return fd;
 }
 
-/* Whether the store at `fd` holds `token` under JOB_KEY: 1 yes, 0 no (another job's), -1 the
- * connection failed. */
+/* Whether the store at `fd` holds `token` under CX_STORE_JOB_KEY: 1 yes, 0 no (another job's),
+ * -1 the connection failed. */
 static int holds_token(int fd, const char *token)
 {
     unsigned char head[5], present = 0;
-    size_t klen = strlen(JOB_KEY);
+    size_t klen = strlen(CX_STORE_JOB_KEY);
     head[0] = 'G';
-    put_u32(head + 1, (uint32_t)klen);
+    cx_wire_put_u32(head + 1, (uint32_t)klen);
     char *value = NULL;
     uint32_t vlen = 0;
-    if (write_full(fd, head, 5) || write_full(fd, JOB_KEY, klen) || read_full(fd, &present, 1) ||
-        (present && read_blob(fd, VALUE_LIMIT, &value, &vlen)))
+    if (cx_wire_write(fd, head, 5) || cx_wire_write(fd, CX_STORE_JOB_KEY, klen) ||
+        cx_wire_read(fd, &present, 1) ||
+        (present && cx_wire_read_blob(fd, CX_STORE_VALUE_LIMIT, &value, &vlen)))
         return -1;
     int same = present && vlen == strlen(token) && !memcmp(value, token, vlen);
     free(value);
@@ -533,16 +235,16 @@ static int reach_store(const cx_tcp_store_params *p, int port, int *gai, int *wh
     *why = errno;
     if (fd < 0)
         return -1;
-    unsigned char hello[GREETING_LEN + 4];
-    int unread = read_full(fd, hello, sizeof hello);
-    if (!unread && memcmp(hello, GREETING, GREETING_LEN)) {
+    unsigned char hello[CX_STORE_GREETING_LEN + 4];
+    int unread = cx_wire_read(fd, hello, sizeof hello);
+    if (!unread && memcmp(hello, CX_STORE_GREETING, CX_STORE_GREETING_LEN)) {
         *why = EPROTO;
     } else {
         /* Closed before greeting (a server shutting down), or the server of an earlier world
          * shutting down: this world's is still to come. */
-        unsigned served = unread ? ~0u : get_u32(hello + GREETING_LEN);
+        unsigned served = unread ? ~0u : cx_wire_get_u32(hello + CX_STORE_GREETING_LEN);
         *why = ECONNREFUSED;
-        if (served == 0 || served == p->generation) {
+        if (served == 0 || p->generation == 0 || served == p->generation) {
             int mine = p->job_token ? holds_token(fd, p->job_token) : 1;
             if (mine == 1 && greet_s != p->timeout_s)
                 set_io_timeout(fd, p->timeout_s);
@@ -578,7 +280,14 @@ cfx_status cx_store_tcp_create(const cx_tcp_store_params *p, cx_store **out)
                  p->port + span - 1);
     else
         snprintf(t->base.where, sizeof t->base.where, "TCP store at %s:%d", p->host, p->port);
-    cfx_status st = p->serve ? server_start(p, &t->server, &served_port) : CFX_OK;
+    cfx_status st = CFX_OK;
+    if (p->serve) {
+        cx_tcp_server_params sp = {.port = p->port, .port_span = p->port_span,
+                                   .job_token = p->job_token, .generation = p->generation};
+        st = cx_tcp_server_start(&sp, &t->server);
+        if (!st)
+            served_port = cx_tcp_server_port(t->server);
+    }
     if (!st && p->serve && (span > 1 || served_port != p->port)) { /* the server knows its port */
         snprintf(t->base.where, sizeof t->base.where, "TCP store at %s:%d", p->host, served_port);
         span = 1;
@@ -606,8 +315,9 @@ cfx_status cx_store_tcp_create(const cx_tcp_store_params *p, cx_store **out)
             break;
         if (cx_now_s() >= deadline) {
             st = cx_fail(CFX_ERR_TIMEOUT, "rendezvous: cannot reach the %s within %g s: %s (is "
-                         "rank 0 running, and is %s its host's address?)", t->base.where,
-                         p->timeout_s, gai ? gai_strerror(gai) : answer_text(err), p->host);
+                         "%s running, and is %s its host's address?)", t->base.where,
+                         p->timeout_s, gai ? gai_strerror(gai) : answer_text(err),
+                         p->generation ? "rank 0" : "the process serving it", p->host);
             break;
         }
         struct timespec pause = {0, pause_ns};

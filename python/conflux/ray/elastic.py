@@ -22,14 +22,13 @@ import logging
 import math
 import os
 import random
-import re
 import time
 from typing import Any, Callable, Dict, List, Optional
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .._store_server import StoreServer
+from .._store import StoreServer
 from ._common import (Settings, WorkerError, _actor_died, _short, died_reason, driver_address,
                       forwarded_env, transport_deadline)
 from .worker import Worker
@@ -303,6 +302,10 @@ class _Job:
             return
         del self.members[m.wid]
         self.mark_gone(m.wid)
+        if failed:  # the node's other workers are gone too, before any actor ends: a round
+            # deciding now must not count on one that is about to be stopped
+            for other in [o for o in self.members.values() if o.node == m.node]:
+                self.mark_gone(other.wid)
         _kill(m.actor)
         if not failed:
             self.stopped.append(m.wid)
@@ -331,12 +334,15 @@ class _Job:
 
     # ---- the store's view ----
     def decisions(self):
+        """The rounds' decisions in the store: (round, text) by round. Rounds are decided in order
+        (round N + 1 opens only on round N's decision), so they are read from round 1 on until one
+        has none (as tools/cfx_elastic.py reads them)."""
         rounds = []
-        for key, value in self.store.items():
-            match = re.fullmatch(rb"elastic/r(\d+)/decision", key)
-            if match:
-                rounds.append((int(match.group(1)), value.decode("utf-8", "replace")))
-        return sorted(rounds)
+        while True:
+            value = self.store.get("elastic/r%d/decision" % (len(rounds) + 1))
+            if value is None:
+                return rounds
+            rounds.append((len(rounds) + 1, value.decode("utf-8", "replace")))
 
     def final_world(self):
         ids = set(range(self.first))

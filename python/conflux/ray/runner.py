@@ -2,8 +2,8 @@
 
 The driver (the process that calls start()) places the workers as Ray actors through a placement
 group (num_workers: one bundle per worker, PACK; num_hosts x num_workers_per_host: one bundle per
-host, STRICT_SPREAD, as Horovod's ColocatedStrategy), serves the job's rendezvous store (the TCP
-store of capi/src/rendezvous/store_tcp.c, conflux._store_server), and gives each worker its place in
+host, STRICT_SPREAD, as Horovod's ColocatedStrategy), serves the job's rendezvous store (the
+engine's TCP store, through the C ABI: conflux._store), and gives each worker its place in
 the world before its process starts: ranks grouped by the Ray node the worker landed on (the nodes
 in the order of their first bundle), local rank and size within the node, Horovod's cross rank and
 size, CFX_RENDEZVOUS_ADDR=<driver's node IP>:<port> with CFX_RENDEZVOUS_EXTERNAL=1 and
@@ -26,7 +26,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ._common import (_ROOT_CAUSE_MARGIN_S, Settings, WorkerError,  # noqa: F401 (API)
                       driver_address, forwarded_env, gather, transport_deadline)
-from .._store_server import StoreServer
+from .._store import StoreServer
 from .elastic import ElasticAdapter
 from .worker import Worker
 
