@@ -157,7 +157,7 @@ def make_optimizer(module, w):
                                       named_parameters=[(n, p) for (n, _), p in zip(w["tensors"], params)])
     sum(p.sum() for p in params).backward()
     opt.synchronize()
-    opt.zero_grad()
+    opt.zero_grad(set_to_none=False)  # the views stay, zeroed: the step fills them
     hooked = sum(len(s.hooks) for s in opt._sets)
     if hooked != len(params):
         raise AssertionError("%s: %d of %d gradients in gradient sets" % (module.__name__, hooked, len(params)))

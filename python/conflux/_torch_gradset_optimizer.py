@@ -12,9 +12,10 @@ backward accumulates straight into the buffers the engine reduces in place. A ho
 backward accumulated a gradient marks it ready: in C++ where the build has conflux._torch_native
 (bindings/python/torch_native.cpp, no Python per gradient), else a Python hook calling the SWIG
 entry itself; a bucket goes out when its last gradient is ready, while backward goes on; step() and
-synchronize() wait for the set. zero_grad() zeroes the views in place; zero_grad(set_to_none=True)
-(torch's default) sets .grad to None as torch does, and the hook copies backward's gradient into
-the view (one pass over the bytes, where zeroing the view and adding to it would take two).
+synchronize() wait for the set. zero_grad(set_to_none=False) zeroes the views in place;
+zero_grad() (set_to_none=True, torch's default) sets .grad to None as torch does, and the hook
+copies backward's gradient into the view (one pass over the bytes, where zeroing the view and
+adding to it would take two).
 
 What a gradient set cannot carry goes through the per-call path (conflux._torch_optimizer_hooks):
 every parameter with gradient_storage="framework", CUDA parameters (owned storage is host memory),
