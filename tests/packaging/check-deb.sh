@@ -96,9 +96,12 @@ PYTHONPATH=$root/usr/lib/python3/dist-packages RANKS_LAUNCHER="$root/usr/bin/cfx
     ranks 2 "$py" "$here/allreduce_check.py" "$root" 2
 LUA_PATH_5_4="$root/usr/share/lua/5.4/?.lua;;" LUA_CPATH_5_4="$root$lib/lua/5.4/?.so;;" \
     ranks 2 "${CFX_LUA:-lua5.4}" "$here/allreduce_check.lua" "$root" 2
-ranks 2 "${CFX_JAVA:-java}" -Djava.library.path="$root$lib/jni" -cp "$root/usr/share/java/conflux.jar" \
-    "$here/maven-consumer/src/main/java/org/example/Consumer.java" 2 | grep -F "JNI library $root$lib/jni/" \
-    || fail "the Java ranks did not load $root$lib/jni/libconflux_jni.so"
+# The job's whole output is kept (ranks exits the subshell with it on a failure), and shown when
+# the check fails, so that a failed rank says why.
+java_out=$(ranks 2 "${CFX_JAVA:-java}" -Djava.library.path="$root$lib/jni" -cp "$root/usr/share/java/conflux.jar" \
+    "$here/maven-consumer/src/main/java/org/example/Consumer.java" 2 2>&1) || true
+grep -F "JNI library $root$lib/jni/" <<<"$java_out" \
+    || { echo "$java_out"; fail "the Java ranks did not load $root$lib/jni/libconflux_jni.so"; }
 "$root/usr/bin/cfx-timeline" --help >/dev/null || fail "$root/usr/bin/cfx-timeline --help"
 pc=$root$lib/pkgconfig
 cc $(PKG_CONFIG_PATH=$pc PKG_CONFIG_LIBDIR=$pc pkg-config --cflags conflux) "$CFX_SRC/tests/install/consumer/main.c" \
