@@ -70,6 +70,9 @@ class _Context:
 
 _lock = threading.RLock()
 _ctx = None          # the current _Context, or None
+# Called by init() before it forms a new world (it raises to refuse): a launcher's check that the
+# world may still be formed (conflux.ray's worker: its run has not already failed elsewhere).
+_before_new_world = None
 _orphans = []        # (ctx, handle id, kept objects) of handles garbage-collected while pending
 
 
@@ -84,6 +87,8 @@ def init(**options):
             if _capi.cfx_is_running(_ctx.ptr):
                 return
             _free_context()  # shut down by another rank: start again
+        if _before_new_world is not None:
+            _before_new_world()
         opts = None
         if options:
             opts = _capi.cfx_init_options()

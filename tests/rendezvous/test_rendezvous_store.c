@@ -524,6 +524,29 @@ static void test_launch_order_and_sources(void **state)
     assert_non_null(strstr(l.missing, "CFX_SIZE"));
 }
 
+static void test_launch_scope(void **state)
+{
+    (void)state;
+    cx_launch l;
+    vars none = {{"CFX_RANK", "0", "CFX_SIZE", "2", "CFX_RENDEZVOUS_ADDR", "h:1", NULL}};
+    assert_int_equal(cx_launch_detect(&l, lookup, &none), CFX_OK);
+    assert_string_equal(l.store_scope, "");
+    vars scoped = {{"CFX_RANK", "0", "CFX_SIZE", "2", "CFX_RENDEZVOUS_ADDR", "h:1",
+                    "CFX_RENDEZVOUS_SCOPE", "ray.run-7_b", NULL}};
+    assert_int_equal(cx_launch_detect(&l, lookup, &scoped), CFX_OK);
+    assert_string_equal(l.store_scope, "ray.run-7_b");
+    vars slash = {{"CFX_RANK", "0", "CFX_SIZE", "2", "CFX_RENDEZVOUS_SCOPE", "run/7", NULL}};
+    assert_int_equal(cx_launch_detect(&l, lookup, &slash), CFX_ERR_CONFIG);
+    assert_non_null(strstr(cx_error_message(), "CFX_RENDEZVOUS_SCOPE is \"run/7\""));
+    assert_non_null(strstr(cx_error_message(), "character 4 ('/')"));
+    char long_name[100];
+    memset(long_name, 'x', sizeof long_name - 1);
+    long_name[sizeof long_name - 1] = '\0';
+    vars too_long = {{"CFX_RANK", "0", "CFX_SIZE", "2", "CFX_RENDEZVOUS_SCOPE", long_name, NULL}};
+    assert_int_equal(cx_launch_detect(&l, lookup, &too_long), CFX_ERR_CONFIG);
+    assert_non_null(strstr(cx_error_message(), "99 characters long; at most 63"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -539,6 +562,7 @@ int main(void)
         cmocka_unit_test(test_callback_store),
         cmocka_unit_test(test_launch_torchrun),
         cmocka_unit_test(test_launch_order_and_sources),
+        cmocka_unit_test(test_launch_scope),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -256,6 +256,24 @@ static cfx_status launcher_meeting_place(const reader *r, cx_launch *l, int own_
     }
 }
 
+/* CFX_RENDEZVOUS_SCOPE: a name that becomes part of store keys (letters, digits, '.', '_', '-'). */
+static cfx_status read_scope(const reader *r, cx_launch *l)
+{
+    const char *v = env_var(r, "CFX_RENDEZVOUS_SCOPE");
+    if (!v)
+        return CFX_OK;
+    size_t n = strlen(v);
+    if (n >= sizeof l->store_scope)
+        return cx_fail(CFX_ERR_CONFIG, "CFX_RENDEZVOUS_SCOPE is %zu characters long; at most %zu",
+                       n, sizeof l->store_scope - 1);
+    size_t ok = strspn(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-");
+    if (ok != n)
+        return cx_fail(CFX_ERR_CONFIG, "CFX_RENDEZVOUS_SCOPE is \"%s\": character %zu ('%c') is "
+                       "not a letter, digit, '.', '_' or '-'", v, ok + 1, v[ok]);
+    snprintf(l->store_scope, sizeof l->store_scope, "%s", v);
+    return CFX_OK;
+}
+
 cfx_status cx_launch_detect(cx_launch *l, cx_launch_lookup lookup, void *user)
 {
     reader r = {lookup, user};
@@ -266,6 +284,8 @@ cfx_status cx_launch_detect(cx_launch *l, cx_launch_lookup lookup, void *user)
     cfx_status st = read_int(&r, "CFX_ELASTIC_ID", 0, 1000000, &l->elastic_id);
     if (!st)
         st = read_int(&r, "CFX_ELASTIC", 0, 1, &l->elastic);
+    if (!st)
+        st = read_scope(&r, l);
     if (!st)
         st = find_launcher(&r, l);
     if (st || l->launcher == CX_LAUNCHER_NONE || l->missing[0])

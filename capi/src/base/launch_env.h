@@ -43,6 +43,11 @@ typedef struct cx_launch {
     int store_port_span;
     char store_token[256];
     char store_dir[CX_LAUNCH_DIR_MAX];
+    /* CFX_RENDEZVOUS_SCOPE (set by a launcher that forms worlds of the same processes again and
+     * again, as conflux.ray's executors do for each run): the worlds joined under one scope meet
+     * in its own key space, counted from 1 there, so a process that joined a world its peers did
+     * not (a late task of a failed run) is not one world ahead of them ever after. "" = unset. */
+    char store_scope[64];
     /* Rank 0 serves the TCP store unless a launcher does (CFX_RENDEZVOUS_EXTERNAL=1: cfxrun). */
     int store_served_by_launcher;
     /* Which variables gave the meeting place, for the log and for error messages. */

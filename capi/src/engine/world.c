@@ -1,6 +1,7 @@
 /* world - how a context finds its world and builds its transport (see world.h). */
 #include "engine/world.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -37,8 +38,29 @@ static cfx_status world_of_one(const cx_config *cfg, cx_transport **out)
     return cx_transport_create(e, &p, CFX_ERR_UNSUPPORTED, "cfx_init", out);
 }
 
-/* The worlds this process joined through a store (process-wide: each names its store key space). */
+/* The worlds this process joined through a store (process-wide: each names its store key space),
+ * and those joined under the current CFX_RENDEZVOUS_SCOPE (counted again from 1 in a new scope). */
 static atomic_uint worlds_joined;
+static pthread_mutex_t scope_lock = PTHREAD_MUTEX_INITIALIZER;
+static char scope_now[sizeof ((cx_launch *)0)->store_scope];
+static unsigned worlds_in_scope;
+
+/* "world<n>", or "<scope>/world<k>" under a launcher's scope (launch_env.h, store_scope). */
+static void world_space(const cx_launch *l, unsigned generation, char *space, size_t size)
+{
+    if (!l->store_scope[0]) {
+        snprintf(space, size, "world%u", generation);
+        return;
+    }
+    pthread_mutex_lock(&scope_lock);
+    if (strcmp(scope_now, l->store_scope) != 0) {
+        snprintf(scope_now, sizeof scope_now, "%s", l->store_scope);
+        worlds_in_scope = 0;
+    }
+    unsigned k = ++worlds_in_scope;
+    pthread_mutex_unlock(&scope_lock);
+    snprintf(space, size, "%s/world%u", l->store_scope, k);
+}
 
 /* Joins over `e` (it meets through a store): the store handed in, the launcher's, or a file store. */
 static cfx_status join_through_store(const cx_config *cfg, const cx_transport_entry *e,
@@ -50,11 +72,11 @@ static cfx_status join_through_store(const cx_config *cfg, const cx_transport_en
      * members are not every rank of the job, so their counts may differ: a group meets in the
      * space its caller names (the store handed in is the group's own). */
     unsigned generation = (unsigned)atomic_fetch_add(&worlds_joined, 1) + 1;
-    char space[32];
+    char space[96];
     if (group_space)
         snprintf(space, sizeof space, "%s", group_space);
     else
-        snprintf(space, sizeof space, "world%u", generation);
+        world_space(l, generation, space, sizeof space);
     cx_store *store = NULL;
     int store_on_rank0 = !handed && !l->store_dir[0] && !l->store_served_by_launcher;
     int serve = l->rank == 0 && store_on_rank0;

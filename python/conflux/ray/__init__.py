@@ -12,11 +12,11 @@
 
 `conflux.horovod.ray` is the same under Horovod's module name.
 """
-from .runner import RayExecutor, Settings, WorkerError  # noqa: F401
+from .runner import RayExecutor, RunEndedError, Settings, WorkerError  # noqa: F401
 from .elastic import ElasticRayExecutor, RayHostDiscovery  # noqa: F401
 
-__all__ = ["RayExecutor", "ElasticRayExecutor", "RayHostDiscovery", "Settings", "WorkerError",
-           "setup_hook"]
+__all__ = ["RayExecutor", "ElasticRayExecutor", "RayHostDiscovery", "RunEndedError", "Settings",
+           "WorkerError", "setup_hook"]
 
 
 def setup_hook():

@@ -55,6 +55,35 @@ class WorkerError(RuntimeError):
 WorkerError.__module__ = "conflux.ray"  # where users import it from (tracebacks say so)
 
 
+class RunEndedError(RuntimeError):
+    """A worker's part of a run that had already failed on another worker: the worker did not
+    start the function, or its conflux.init() refused to form a new world in that run (the
+    others had ended theirs), rather than wait there for peers that will not come."""
+
+
+RunEndedError.__module__ = "conflux.ray"
+
+
+def run_scope(run_id):
+    """CFX_RENDEZVOUS_SCOPE of the worlds formed in a run: a late task of a failed run that
+    forms one anyway meets no one of a later run (docs/ray.md, "When a worker fails")."""
+    return "ray-run%d" % run_id
+
+
+def run_ended_key(run_id):
+    """The driver's store key a run's first failure sets (the failing rank): workers that have not
+    yet started the run, or form a new world in it, read it and end with RunEndedError."""
+    return "ray/run%d/ended" % run_id
+
+
+def mark_run_ended(store, run_id, rank):
+    """Marks run `run_id` ended by `rank`'s failure unless a failure marked it first (the store
+    is the driver's StoreServer or a worker's StoreClient)."""
+    key = run_ended_key(run_id)
+    if store.get(key) is None:
+        store.set(key, str(rank))
+
+
 def _short(node_id):
     return (node_id or "?")[:12]
 
@@ -66,14 +95,14 @@ def _world_lost(exc):
     try:
         from .. import _core
         kinds = (_core.PeerLostError, _core.ShutDownError, _core.TransportError,
-                 _core.MembershipChangedError)
+                 _core.MembershipChangedError, RunEndedError)
         if isinstance(cause, kinds):
             return True
     except ImportError:
         pass
     name = type(cause).__name__
     if name in ("PeerLostError", "ShutDownError", "TransportError", "MembershipChangedError",
-                "HorovodInternalError"):
+                "HorovodInternalError", "RunEndedError"):
         return True
     # torch.distributed's errors around the conflux backend carry the engine's message.
     return bool(re.search(r"suspect rank \d+|CFX_ERR_PEER_LOST|CFX_ERR_SHUT_DOWN|"
@@ -127,14 +156,21 @@ def describe_failure(what, rank, place, exc):
     return ("%s: worker %s failed: %s: %s" % (what, where, type(exc).__name__, exc), exc)
 
 
-def gather(refs, places, what, grace_s):
+def gather(refs, places, what, grace_s, on_cause=None, unfinished=None):
     """ray.get of one object ref per rank, in rank order, or WorkerError for the first failure
     that is a cause (a dead actor, an exception of the worker's own) rather than a consequence
-    (a peer lost, a world shut down): after the first failure the others get `grace_s` to end."""
+    (a peer lost, a world shut down): after the first failure the others get `grace_s` to end.
+
+    on_cause(rank) is called once, when the first cause is seen (the executor marks the run
+    ended there). A cause that is an exception is reported once the others have ended too (they
+    end at once: the failing worker ended the world), so the run's tasks are all over before the
+    next run's start; a dead actor is reported at once (the others end at the transport's
+    deadline). (rank, ref) of those still running when it is reported go into `unfinished`."""
     index = {ref: r for r, ref in enumerate(refs)}
     pending = list(refs)
     results, errors = {}, OrderedDict()
     deadline = None
+    cause_seen = False
     while pending:
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         ready, pending = ray.wait(pending, num_returns=1, timeout=timeout)
@@ -146,11 +182,20 @@ def gather(refs, places, what, grace_s):
                 results[r] = ray.get(ref)
             except Exception as exc:  # noqa: BLE001 (every failure is reported)
                 errors[r] = exc
-        if errors:
-            if any(not _world_lost(e) for e in errors.values()):
-                break  # a cause: report it now
-            if deadline is None:
-                deadline = time.monotonic() + grace_s
+        if not errors:
+            continue
+        causes = [r for r, e in errors.items() if not _world_lost(e)]
+        if causes and not cause_seen:
+            cause_seen = True
+            if on_cause is not None:
+                on_cause(causes[0])
+            if any(_actor_died(errors[r]) for r in causes):
+                break  # a dead actor: report it now
+            deadline = time.monotonic() + grace_s
+        elif deadline is None:
+            deadline = time.monotonic() + grace_s
+    if unfinished is not None:
+        unfinished.extend((index[p], p) for p in pending)
     if not errors:
         return [results[r] for r in range(len(refs))]
     causes = [(r, e) for r, e in errors.items() if not _world_lost(e)]

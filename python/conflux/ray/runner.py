@@ -24,8 +24,9 @@ from ray.util.placement_group import (get_current_placement_group, placement_gro
                                       placement_group_table, remove_placement_group)
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from ._common import (_ROOT_CAUSE_MARGIN_S, Settings, WorkerError,  # noqa: F401 (API)
-                      driver_address, forwarded_env, gather, transport_deadline)
+from ._common import (_ROOT_CAUSE_MARGIN_S, RunEndedError, Settings,  # noqa: F401 (API)
+                      WorkerError, driver_address, forwarded_env, gather, mark_run_ended,
+                      transport_deadline)
 from .._store import StoreServer
 from .elastic import ElasticAdapter
 from .worker import Worker
@@ -120,6 +121,8 @@ class StaticAdapter:
         self.store = None
         self.placement = None
         self.env = {}
+        self._runs = 0         # runs started (each names its key space and its ended mark)
+        self._unfinished = []  # (rank, ref) of the last failed run's tasks still running
 
     @property
     def world_size(self):
@@ -213,23 +216,55 @@ class StaticAdapter:
     def _grace(self):
         return transport_deadline(self.env) + _ROOT_CAUSE_MARGIN_S
 
-    def execute(self, fn):
+    def _new_run(self):
+        """The next run's number, once the last failed run's tasks are all over (worker.py: a run
+        that starts while a worker still runs the failed one would wait for it)."""
         self._check()
-        return gather([w.execute.remote(fn) for w in self.workers], self.places,
-                      "RayExecutor.execute", self._grace())
+        if self._unfinished:
+            limit = float(self.settings.timeout_s) + self._grace()
+            _, pending = ray.wait([ref for _, ref in self._unfinished],
+                                  num_returns=len(self._unfinished), timeout=limit)
+            self._unfinished = [(r, ref) for r, ref in self._unfinished if ref in pending]
+            if self._unfinished:
+                many = len(self._unfinished) > 1
+                raise RuntimeError(
+                    "RayExecutor: rank%s %s still run%s the function of the run that failed, "
+                    "%.0f s after it was reported; shut the executor down (shutdown()) and start "
+                    "a new one" % ("s" if many else "",
+                                   ", ".join(str(r) for r, _ in self._unfinished),
+                                   "" if many else "s", limit))
+        self._runs += 1
+        return self._runs
+
+    def _gather(self, refs, run_id, what, places=None):
+        def mark_ended(rank):
+            try:
+                mark_run_ended(self.store, run_id, rank)
+            except Exception:  # noqa: BLE001 (closed: the workers are gone with it)
+                pass
+        return gather(refs, places or self.places, what, self._grace(), on_cause=mark_ended,
+                      unfinished=self._unfinished)
+
+    def execute(self, fn):
+        run_id = self._new_run()
+        return self._gather([w.execute.remote(fn, run_id) for w in self.workers], run_id,
+                            "RayExecutor.execute")
 
     def run(self, fn, args=None, kwargs=None):
-        return gather(self.run_remote(fn, args, kwargs), self.places, "RayExecutor.run",
-                      self._grace())
+        run_id = self._new_run()
+        return self._gather(self._run_refs(fn, args, kwargs, run_id), run_id, "RayExecutor.run")
 
     def run_remote(self, fn, args=None, kwargs=None):
-        self._check()
-        return [w.run.remote(fn, list(args or []), dict(kwargs or {})) for w in self.workers]
+        return self._run_refs(fn, args, kwargs, self._new_run())
+
+    def _run_refs(self, fn, args, kwargs, run_id):
+        return [w.run.remote(fn, list(args or []), dict(kwargs or {}), run_id)
+                for w in self.workers]
 
     def execute_single(self, fn):
-        self._check()
-        return gather([self.workers[0].execute.remote(fn)], self.places[:1],
-                      "RayExecutor.execute_single", self._grace())[0]
+        run_id = self._new_run()
+        return self._gather([self.workers[0].execute.remote(fn, run_id)], run_id,
+                            "RayExecutor.execute_single", self.places[:1])[0]
 
     def shutdown(self):
         for w in self.workers:
@@ -238,6 +273,7 @@ class StaticAdapter:
             except Exception:  # noqa: BLE001 (dead already)
                 pass
         self.workers = []
+        self._unfinished = []
         if self.placement is not None:
             self.placement.remove()
             self.placement = None

@@ -68,9 +68,16 @@ def train_executor():
     return {"rank": rank, "size": size, "params": _params(model), "place": place}
 
 
-def raise_on(bad_rank):
-    """Every rank joins; `bad_rank` raises while the others wait for it in an allreduce."""
+def raise_on(bad_rank, late_rank=None):
+    """Every rank joins; `bad_rank` raises while the others wait for it in an allreduce.
+    `late_rank` comes to conflux.init() only once the world it was in has ended (a task of the
+    run that starts after the failure): its init must refuse to form a new world in this run."""
     import conflux
+    if late_rank is not None and conflux.is_initialized() and conflux.rank() == late_rank:
+        deadline = time.monotonic() + 30
+        while conflux.is_initialized() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not conflux.is_initialized(), "the world did not end after the failure"
     conflux.init()
     if conflux.rank() == bad_rank:
         raise ValueError("injected failure on rank %d" % bad_rank)

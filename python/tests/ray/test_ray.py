@@ -21,7 +21,7 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("torch")
 
 import ray_jobs  # noqa: E402  (on sys.path and PYTHONPATH through conftest.py)
-from conflux.ray import RayExecutor, WorkerError  # noqa: E402
+from conflux.ray import RayExecutor, RunEndedError, WorkerError  # noqa: E402
 
 ATOL = 1e-5  # float32: the averaged gradients differ from the reference's in the last bits
 
@@ -135,6 +135,16 @@ def test_worker_exception_names_rank_and_message(ray_cluster):
         assert e.node_id and ("Ray node %s" % e.node_id[:12]) in str(e)
         assert took < 30, "the error took %.1f s" % took
         # The failure ended the world on every worker at once (no stall); the executor goes on.
+        assert ex.run(ray_jobs.rank_and_size) == [(r, 4) for r in range(4)]
+        # Rank 1 comes to conflux.init() after the world ended (its task of the run started
+        # late): it must not form a new world, which the next run's workers would join.
+        with pytest.raises(WorkerError) as info:
+            ex.run(ray_jobs.raise_on, args=[2, 1])
+        e = info.value
+        assert e.rank == 2 and isinstance(e.cause, ValueError), str(e)
+        assert isinstance(getattr(e.errors.get(1), "cause", None), RunEndedError), str(e)
+        assert "run" in str(e.errors[1].cause) and "failed on rank 2" in str(e.errors[1].cause)
+        assert "still running" not in str(e), str(e)
         assert ex.run(ray_jobs.rank_and_size) == [(r, 4) for r in range(4)]
     finally:
         done_with(4)
