@@ -7,8 +7,9 @@ tensors, 25.6 M values, 102 MB), summed over the ranks, on the same machine, in 
                   op library's kernels), inside a tf.function, under mpirun -np N
   conflux_tf_eager  the same, called eagerly
   conflux_tf_grads  the list made inside the tf.function first (x * one), as gradients are: inputs
-                  no one else holds, which the kernels reduce in their own buffers; made_grads
-                  times making them alone, and conflux_tf_grads - made_grads is the reduction
+                  no one else holds (on one host of several ranks the kernel copies them into
+                  shared tensor memory and reduces them there); made_grads times making them
+                  alone, and conflux_tf_grads - made_grads is the reduction
   c_gradset       the C gradient set's step on the same shapes in the same processes and rounds
                   (bench/run's conflux_gradset: owned storage, every gradient marked ready from C,
                   then wait), the reference of the grouped allreduce (target: conflux_tf <= 1.2x)
@@ -113,8 +114,7 @@ def worker_conflux(args):
         out[-1].numpy()
 
     # As a training step has its gradients: intermediates of the function (here x * one, `one` an
-    # argument so that nothing folds it away), which no one else holds, so the kernels reduce them
-    # in their own buffers (TF forwards such an input to the output). made_grads makes the same
+    # argument so that nothing folds it away), which no one else holds. made_grads makes the same
     # intermediates alone: conflux_tf_grads - made_grads is the reduction's share.
     one = tf.constant(1.0)
     grads_fn = tf.function(lambda one, *t: cfx.grouped_allreduce([x * one for x in t], op=cfx.Sum,
@@ -206,6 +206,12 @@ def env_base(args):
                KERAS_BACKEND="tensorflow", TF_ENABLE_ONEDNN_OPTS="0",
                TF_NUM_INTEROP_THREADS=str(args.threads), TF_NUM_INTRAOP_THREADS=str(args.threads),
                PYTHONPATH=os.path.join(os.path.abspath(args.build), "python"))
+    # glibc keeps freed memory in its heap (no trimming; no mmap for blocks under 32 MiB): with its
+    # defaults, whether a row's 100 MB of fresh tensors fault their pages in depended on what the
+    # row before it left, so made_grads varied 13-50 ms from run to run, and the reduction's share
+    # (conflux_tf_grads - made_grads) with it. The same for every row and both frameworks.
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", str(32 << 20))
+    env.setdefault("MALLOC_TRIM_THRESHOLD_", str(4 << 30))
     return env
 
 

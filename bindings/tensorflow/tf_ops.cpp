@@ -3,8 +3,9 @@
 // data path. Owns: the op registrations (CfxAllreduce, CfxGroupedAllreduce, CfxAllgather,
 // CfxBroadcast, CfxAlltoall, CfxReducescatter, CfxJoin, CfxBarrier, CfxRank, CfxSize,
 // CfxLocalRank, CfxLocalSize), their CPU kernels, the mapping of TF dtypes onto cfx_dtype and of
-// cfx_status onto TF status codes, the one waiter thread that completes every kernel, and the
-// pointer to the context they use (set by cfx_tf_set_context() from conflux.tensorflow.init())
+// cfx_status onto TF status codes, the one waiter thread that completes every kernel, the cache
+// of shared-memory blocks the grouped allreduce's outputs live in, and the pointer to the context
+// they use (set by cfx_tf_set_context() from conflux.tensorflow.init())
 // with the process sets' contexts (cfx_tf_set_process_set()).
 // Loaded twice by conflux/tensorflow/_ops.py: tf.load_op_library (the ops) and ctypes (the
 // extern "C" functions at the end); both resolve to the same loaded object.
@@ -36,6 +37,7 @@
 #include <vector>
 
 #include "conflux/conflux.h"
+#include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -269,6 +271,104 @@ absl::Status copy_output(tf::OpKernelContext *c, cfx_context *ctx, cfx_handle h,
     return absl::OkStatus();
 }
 
+// ---- outputs in shared tensor memory ----
+//
+// A reduction on a host of several ranks is fastest when every rank's tensors lie in shared tensor
+// memory (cfx_alloc): the engine's direct path reads them where they are and writes the result
+// into them, with no copies into and out of its slots. TF allocates the gradients, so the grouped
+// allreduce copies its inputs once into one block of that memory, reduces there in place, and its
+// outputs are views of the block. The block goes back to a small cache when its last view is
+// released: the next step's block is the same one, its pages already mapped (a fresh block of
+// ResNet-50's 100 MB would fault every page in again, each step).
+
+constexpr size_t kSharedMinBytes = 1 << 20;  // below it the slots' copies cost next to nothing
+constexpr size_t kSharedAlign = 64;          // cfx_alloc's alignment, and Eigen's
+constexpr size_t kCachedBlocks = 2;          // blocks kept for reuse, the least recent freed
+
+class SharedBlock {
+  public:
+    // A block of `bytes` (a cached one of that size, else a new one), with one reference;
+    // nullptr when the pool has no room (the caller then takes the copies).
+    static SharedBlock *take(size_t bytes) {
+        {
+            std::lock_guard<std::mutex> lk(cache_mu());
+            auto &cache = cached();
+            for (auto it = cache.begin(); it != cache.end(); ++it) {
+                if ((*it)->bytes_ == bytes) {
+                    SharedBlock *b = *it;
+                    cache.erase(it);
+                    b->refs_.store(1);
+                    return b;
+                }
+            }
+        }
+        void *p = nullptr;
+        if (cfx_alloc(bytes, &p) != CFX_OK)
+            return nullptr;
+        return new SharedBlock(static_cast<char *>(p), bytes);
+    }
+
+    void ref() { refs_.fetch_add(1, std::memory_order_relaxed); }
+
+    // The last reference puts the block into the cache (freeing the least recent one past
+    // kCachedBlocks).
+    void unref() {
+        if (refs_.fetch_sub(1, std::memory_order_acq_rel) != 1)
+            return;
+        SharedBlock *evicted = nullptr;
+        {
+            std::lock_guard<std::mutex> lk(cache_mu());
+            auto &cache = cached();
+            cache.push_back(this);
+            if (cache.size() > kCachedBlocks) {
+                evicted = cache.front();
+                cache.erase(cache.begin());
+            }
+        }
+        if (evicted != nullptr) {
+            cfx_free(evicted->data_);
+            delete evicted;
+        }
+    }
+
+    char *data() const { return data_; }
+
+  private:
+    SharedBlock(char *data, size_t bytes) : data_(data), bytes_(bytes) {}
+    static std::mutex &cache_mu() {
+        static std::mutex *m = new std::mutex();  // never destroyed: blocks outlive static order
+        return *m;
+    }
+    static std::vector<SharedBlock *> &cached() {
+        static auto *v = new std::vector<SharedBlock *>();
+        return *v;
+    }
+
+    char *data_;
+    size_t bytes_;
+    std::atomic<int> refs_{1};
+};
+
+// A TF tensor's buffer: `size` bytes at `offset` of a shared block, holding a reference to it.
+class SharedSlice : public tf::TensorBuffer {
+  public:
+    SharedSlice(SharedBlock *block, size_t offset, size_t size)
+        : tf::TensorBuffer(block->data() + offset), block_(block), size_(size) {
+        block_->ref();
+    }
+    ~SharedSlice() override { block_->unref(); }
+    size_t size() const override { return size_; }
+    tf::TensorBuffer *root_buffer() override { return this; }
+    void FillAllocationDescription(tf::AllocationDescription *proto) const override {
+        proto->set_requested_bytes(static_cast<int64_t>(size_));
+        proto->set_allocator_name("conflux_shared");
+    }
+
+  private:
+    SharedBlock *block_;
+    size_t size_;
+};
+
 // ---- the kernels ----
 
 class CfxKernel : public tf::AsyncOpKernel {
@@ -433,19 +533,26 @@ class GroupedAllreduceOp : public CfxKernel {
         std::vector<Described> ds(n);
         std::vector<cfx_tensor> ts(n);
         std::vector<void *> outs(n);
-        for (int i = 0; i < n; ++i) {
-            const tf::Tensor &in = c->input(i);
-            tf::Tensor *out = nullptr;
-            OP_REQUIRES_OK_ASYNC(c, c->forward_input_or_allocate_output({i}, i, in.shape(), &out),
-                                 done);
-            OP_REQUIRES_OK_ASYNC(c, describe(in, what_, &ds[i]), done);
-            ts[i] = ds[i].t;
-            outs[i] = const_cast<char *>(out->tensor_data().data());
-        }
+        for (int i = 0; i < n; ++i)
+            OP_REQUIRES_OK_ASYNC(c, describe(c->input(i), what_, &ds[i]), done);
         if (n == 0) {
             done();
             return;
         }
+        // The shared block (if the outputs are views of one) stays referenced until the kernel
+        // completes, whatever TF does with the outputs meanwhile.
+        std::shared_ptr<SharedBlock> block = shared_outputs(c, ctx, ds, outs);
+        if (!block) {
+            for (int i = 0; i < n; ++i) {
+                tf::Tensor *out = nullptr;
+                OP_REQUIRES_OK_ASYNC(
+                    c, c->forward_input_or_allocate_output({i}, i, c->input(i).shape(), &out), done);
+                outs[i] = const_cast<char *>(out->tensor_data().data());
+            }
+        }
+        for (int i = 0; i < n; ++i)
+            ts[i] = ds[i].t;
+        auto keep = [block](tf::OpKernelContext *, Pending &) { return absl::OkStatus(); };
         std::vector<cfx_handle> hs;
         if (attrs_.compression == CFX_COMPRESSION_NONE) {
             cfx_handle h = 0;
@@ -474,10 +581,47 @@ class GroupedAllreduceOp : public CfxKernel {
                 return;
             }
         }
-        await(c, ctx, std::move(hs), std::move(done));
+        await(c, ctx, std::move(hs), std::move(done), keep);
     }
 
   private:
+    // Outputs as views of one block of shared tensor memory holding a copy of the inputs, which
+    // then become those views too (reduced in place): where the engine's direct path can take
+    // them (several local ranks, no prescale, no compression: every rank decides alike) and the
+    // copy is worth it. Otherwise (or when the pool has no room) nullptr, and nothing was set.
+    std::shared_ptr<SharedBlock> shared_outputs(tf::OpKernelContext *c, cfx_context *ctx,
+                                                std::vector<Described> &ds,
+                                                std::vector<void *> &outs) {
+        if (attrs_.compression != CFX_COMPRESSION_NONE || attrs_.prescale != 1.0f ||
+            cfx_local_size(ctx) < 2)
+            return nullptr;
+        int n = static_cast<int>(ds.size());
+        std::vector<size_t> offset(n);
+        size_t total = 0;
+        for (int i = 0; i < n; ++i) {
+            offset[i] = total;
+            total += (c->input(i).TotalBytes() + kSharedAlign - 1) / kSharedAlign * kSharedAlign;
+        }
+        if (total < kSharedMinBytes)
+            return nullptr;
+        SharedBlock *raw = SharedBlock::take(total);
+        if (raw == nullptr)
+            return nullptr;
+        std::shared_ptr<SharedBlock> block(raw, [](SharedBlock *b) { b->unref(); });
+        for (int i = 0; i < n; ++i) {
+            const tf::Tensor &in = c->input(i);
+            size_t bytes = in.TotalBytes();
+            char *at = block->data() + offset[i];
+            if (bytes != 0)
+                std::memcpy(at, in.tensor_data().data(), bytes);
+            tf::core::RefCountPtr<tf::TensorBuffer> buf(new SharedSlice(block.get(), offset[i], bytes));
+            c->set_output(i, tf::Tensor(in.dtype(), in.shape(), std::move(buf)));
+            ds[i].t.data = at;
+            outs[i] = at;
+        }
+        return block;
+    }
+
     ReduceAttrs attrs_;
 };
 

@@ -56,9 +56,11 @@ def test_allreduce_ops(hvd, world, mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_allreduce_results_held_across_steps(hvd, world, mode):
     """Results of several steps held at once keep their values (no buffer of one is reused by the
-    next), tensors of odd byte sizes beside large ones, and the inputs are never written."""
+    next; the grouped allreduce's outputs are views of a block of shared tensor memory, above 1 MiB
+    with several local ranks, which goes back to a cache only when all are released), tensors of
+    odd byte sizes beside large ones, and the inputs are never written."""
     r, n = world
-    big = [contrib(k, (300, 129)) for k in range(n)]               # 151 KiB: the shared path
+    big = [contrib(k, (600, 520)) for k in range(n)]               # 1.2 MiB: in shared memory
     small = [contrib(k, (3,), np.float64) for k in range(n)]
     odd = [contrib(k, (17,), np.int32) for k in range(n)]         # not a multiple of 64 bytes
     x, y, z = tf.constant(big[r]), tf.constant(small[r]), tf.constant(odd[r])
@@ -75,6 +77,14 @@ def test_allreduce_results_held_across_steps(hvd, world, mode):
         np.testing.assert_array_equal(g[2].numpy(), np.sum(odd, 0))
         np.testing.assert_allclose(s.numpy(), np.mean(big, 0) * (step + 1), rtol=1e-6)
     np.testing.assert_array_equal(x.numpy(), big[r])
+    # released results: their block is taken again by the next steps, which must not see its
+    # old values (each step's result is its own inputs' sum)
+    del held, g, s
+    for step in range(3):
+        g = run(mode, grouped, x * (step + 2), y, z)
+        np.testing.assert_allclose(g[0].numpy(), np.sum(big, 0) * (step + 2), rtol=1e-6)
+        np.testing.assert_array_equal(g[2].numpy(), np.sum(odd, 0))
+        del g
     # a result used as the next input (TF may forward it): still right
     out = x
     for _ in range(2):
