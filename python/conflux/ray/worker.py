@@ -79,12 +79,9 @@ class Worker:
                          executable_kwargs=None):
         """Makes executable_cls(*args, **kwargs) the object execute() hands to functions."""
         if executable_cls is not None:
-            try:
+            with self._run(None):
                 self.executable = executable_cls(*(executable_args or []),
                                                  **(executable_kwargs or {}))
-            except BaseException:
-                _end_world()
-                raise
 
     def execute(self, fn, run_id=None):
         """fn(executable), as part of run `run_id`."""
@@ -123,9 +120,10 @@ class Worker:
 
     @contextlib.contextmanager
     def _run(self, run_id):
-        """One task of run `run_id` (None: a caller that numbers no runs): its worlds meet in the
-        run's key space; it does not start, nor form a new world, once the run is marked ended;
-        its failure marks the run ended (first) and ends this process's world."""
+        """One task of run `run_id`: its worlds meet in the run's key space; it does not start,
+        nor form a new world, once the run is marked ended; its failure marks the run ended
+        (first) and ends this process's world. run_id None (the executable's construction, an
+        elastic job's function: nothing numbers them): a failure only ends the world."""
         core = None
         try:
             if run_id is not None:
@@ -151,12 +149,9 @@ class Worker:
     def run_elastic(self, fn, args, kwargs, with_executable):
         """An elastic job's function: fn(executable) or fn(*args, **kwargs); returns (this
         worker's rank in the world it ended in, or None without Conflux, the result)."""
-        try:
+        with self._run(None):
             result = fn(self.executable) if with_executable else fn(*(args or ()),
                                                                     **(kwargs or {}))
-        except BaseException:
-            _end_world()
-            raise
         core = sys.modules.get("conflux._core")
         rank = None
         if core is not None:
