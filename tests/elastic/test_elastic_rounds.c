@@ -30,6 +30,11 @@
  *                                     driver that wrote off a silent host): the others re-form
  *                                     without it, and its reform fails at once saying so (it no
  *                                     longer waits out the deadline for a round nobody leads)
+ *   test_elastic_rounds gone_forming NP  the last member is in the next round's decision, then
+ *                                     exits before its world's rendezvous (as a worker the driver
+ *                                     stops with its blacklisted host): the others, waiting for
+ *                                     it there, see it marked gone and form the round after
+ *                                     without it (they used to fail at the rendezvous deadline)
  * Every result is checked against the sum of what each member contributed, computed here.
  */
 #include <dirent.h>
@@ -391,6 +396,47 @@ static int marked_gone(void)
     return finish(ctx, first - 1, "without the member marked gone");
 }
 
+/* The last member leaves its world, says hello to the next round itself (no transport follows),
+ * waits until the round decided a world that includes it, and exits as if stopped there; the launcher marks it
+ * gone. The others' reform must still give a world of the rest. */
+static int gone_forming(void)
+{
+    cfx_context *ctx = join(1);
+    int first = cfx_size(ctx), me = cfx_member_id(ctx);
+    CHECK(step_allreduce(ctx, 0) == CFX_OK, "first world");
+    if (me == first - 1) {
+        /* As a reform does first: the old world ends (its rank 0 waits for every rank's end). */
+        int round = cfx_membership_round(ctx) + 1, old_rank = cfx_rank(ctx);
+        cfx_context_free(ctx);
+        cx_store *store = NULL;
+        char key[64], rank[16];
+        snprintf(key, sizeof key, "elastic/r%d/hello/%d", round, me);
+        snprintf(rank, sizeof rank, "%d", old_rank);
+        CHECK(cx_store_file_create(getenv("CFX_RENDEZVOUS_DIR"), &store) == CFX_OK &&
+              cx_store_set(store, key, rank, strlen(rank)) == CFX_OK, "hello");
+        snprintf(key, sizeof key, "elastic/r%d/decision", round);
+        void *text = NULL;
+        size_t len = 0;
+        CHECK(cx_store_get(store, key, 60, &text, &len) == CFX_OK, "round %d's decision", round);
+        char mine[16];
+        snprintf(mine, sizeof mine, " %d", me);
+        CHECK(len > 2 && !strncmp(text, "ok", 2) && memmem(text, len, mine, strlen(mine)),
+              "round %d's decision \"%.*s\" leaves this member out", round, (int)len,
+              (const char *)text);
+        printf("id %d: in round %d's decision (%.*s); exiting before the world forms\n", me,
+               round, (int)len, (const char *)text);
+        free(text);
+        cx_store_destroy(store);
+        _exit(3); /* the launcher marks it gone */
+    }
+    cfx_reform_options o = options(1);
+    double t0 = now_s();
+    CHECK(cfx_context_reform(ctx, &o) == CFX_OK, "reform while a member of the round exits");
+    printf("id %d: formed round %d without the member that left in %.2f s\n", me,
+           cfx_membership_round(ctx), now_s() - t0);
+    return finish(ctx, first - 1, "without the member that left as the world formed");
+}
+
 static pid_t start(const char *dir, int id, int size, char **argv)
 {
     pid_t pid = fork();
@@ -417,7 +463,7 @@ int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc != 3) {
-        fprintf(stderr, "usage: %s reform50|kill|exit|stop|grow|below_min|late|replace|slow_start|marked_gone NP\n", argv[0]);
+        fprintf(stderr, "usage: %s reform50|kill|exit|stop|grow|below_min|late|replace|slow_start|marked_gone|gone_forming NP\n", argv[0]);
         return 2;
     }
     const char *mode = argv[1];
@@ -447,6 +493,8 @@ int main(int argc, char **argv)
             return marked_gone();
         if (!strcmp(mode, "slow_start"))
             return slow_start();
+        if (!strcmp(mode, "gone_forming"))
+            return gone_forming();
         (void)np;
         return 2;
     }
@@ -471,8 +519,9 @@ int main(int argc, char **argv)
         pids[np] = start(dir, np, np, argv);
     }
     int stop = !strcmp(mode, "stop");
-    int victim = (!strcmp(mode, "kill") || !strcmp(mode, "exit") || !strcmp(mode, "below_min") ||
-                  stop) ? np - 1 : -1;
+    int exits = !strcmp(mode, "exit") || !strcmp(mode, "gone_forming"); /* status 3, no signal */
+    int victim = (!strcmp(mode, "kill") || exits || !strcmp(mode, "below_min") || stop) ? np - 1
+                                                                                       : -1;
     int failures = 0;
     for (int left = total; left > 0; left--) {
         int status;
@@ -490,7 +539,7 @@ int main(int argc, char **argv)
             cx_store_set(store, key, "1", 1);
         }
         if (id == victim || (replacing && id < np)) {
-            int want_kill = strcmp(mode, "exit") != 0 && !replacing;
+            int want_kill = !exits && !replacing;
             CHECK(want_kill ? (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
                             : (WIFEXITED(status) && WEXITSTATUS(status) == 3),
                   "the victim ended with status %#x", status);

@@ -498,6 +498,44 @@ out:
     return st;
 }
 
+/* ---- the world's transport ------------------------------------------------------------------ */
+
+/* What a forming world's waits watch: its other members' "gone/<id>" keys. A member the round
+ * included can die (or be stopped by the driver, as with a host it blacklisted) before it comes to
+ * the world's rendezvous; the others' waits for it end then, not at the rendezvous deadline. */
+typedef struct gone_watch {
+    cx_store *store; /* the membership's "elastic/" view: it outlives every world's transport */
+    int round;
+    size_t n;
+    int ids[]; /* the world's other members (this process left out) */
+} gone_watch;
+
+/* The first of `ids` (n of them, this process left out) marked gone: *who its id, else -1. */
+static cfx_status first_gone(cx_store *store, const int *ids, size_t n, int self, int *who)
+{
+    *who = -1;
+    cfx_status st = CFX_OK;
+    for (size_t i = 0; !st && *who < 0 && i < n; i++) {
+        char key[KEY_MAX];
+        int yes = 0;
+        snprintf(key, sizeof key, "gone/%d", ids[i]);
+        if (ids[i] != self && !(st = store->ops->check(store, key, &yes)) && yes)
+            *who = ids[i];
+    }
+    return st;
+}
+
+static cfx_status watch_gone(void *arg)
+{
+    gone_watch *w = arg;
+    int who;
+    cfx_status st = first_gone(w->store, w->ids, w->n, -1, &who);
+    if (st || who < 0)
+        return st;
+    return cx_fail(CFX_ERR_MEMBERSHIP_CHANGED, "membership round %d: member id %d was marked gone "
+                   "(gone/%d) while its world formed", w->round, who, who);
+}
+
 static cfx_status build_transport(cx_membership *m, cx_transport **out)
 {
     char space[KEY_MAX];
@@ -506,6 +544,16 @@ static cfx_status build_transport(cx_membership *m, cx_transport **out)
     cfx_status st = cx_store_prefixed(m->store, space, 0, &view);
     if (st)
         return st;
+    gone_watch *w = malloc(sizeof *w + m->n * sizeof w->ids[0]);
+    if (!w) {
+        cx_store_destroy(view);
+        return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for round %d's world", m->round);
+    }
+    *w = (gone_watch){.store = m->store, .round = m->round};
+    for (size_t i = 0; i < m->n; i++)
+        if (m->ids[i] != m->id)
+            w->ids[w->n++] = m->ids[i];
+    cx_store_prefixed_watch(view, watch_gone, w, free);
     cx_transport_params p = {.rank = index_of(m->ids, m->n, m->id), .size = (int)m->n,
                              .store = view, .timeout_s = m->transport_s,
                              .rendezvous_s = m->rendezvous_s,
@@ -513,18 +561,10 @@ static cfx_status build_transport(cx_membership *m, cx_transport **out)
     return cx_transport_create(m->transport, &p, CFX_ERR_UNSUPPORTED, "membership", out);
 }
 
-cfx_status cx_membership_form(cx_membership *m, const cfx_reform_options *o, const cx_logger *log,
-                              cx_transport **out)
+/* Takes part in rounds from `round` on until one includes this process (m updated). */
+static cfx_status join_round(cx_membership *m, int round, const cfx_reform_options *o,
+                             double deadline)
 {
-    *out = NULL;
-    if (o->min_size < 1 || (o->max_size && o->max_size < o->min_size) || !(o->timeout_s > 0) ||
-        !(o->settle_s >= 0))
-        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "membership: min_size %d, max_size %d, timeout_s "
-                       "%g, settle_s %g: need 1 <= min_size <= max_size (or max_size 0), a positive "
-                       "timeout and a settle time >= 0", o->min_size, o->max_size, o->timeout_s,
-                       o->settle_s);
-    double start = cx_now_s(), deadline = start + o->timeout_s;
-    int round = m->round + 1;
     for (;;) {
         char *text = NULL;
         cfx_status st = decision_of(m, round, &text);
@@ -542,21 +582,50 @@ cfx_status cx_membership_form(cx_membership *m, const cfx_reform_options *o, con
             continue;
         }
         int included = 0;
-        if ((st = take_part(m, round, o, deadline, &included)))
+        if ((st = take_part(m, round, o, deadline, &included)) || included)
             return st;
-        if (included)
-            break;
         if (cx_now_s() > deadline)
             return cx_fail(CFX_ERR_MEMBERSHIP_CHANGED, "membership: member id %d was left out of "
                            "every round up to %d before the deadline (%g s; the world is full at "
                            "max_size %d?)", m->id, round, o->timeout_s, o->max_size);
         round++;
     }
-    int rank = index_of(m->ids, m->n, m->id);
-    cx_log(log, CX_LOG_INFO, "membership", "round %d: member id %d is rank %d of %zu (%.3f s); "
-           "left since the world before: %s", m->round, m->id, rank, m->n, cx_now_s() - start,
-           m->left);
-    return build_transport(m, out);
+}
+
+cfx_status cx_membership_form(cx_membership *m, const cfx_reform_options *o, const cx_logger *log,
+                              cx_transport **out)
+{
+    *out = NULL;
+    if (o->min_size < 1 || (o->max_size && o->max_size < o->min_size) || !(o->timeout_s > 0) ||
+        !(o->settle_s >= 0))
+        return cx_fail(CFX_ERR_INVALID_ARGUMENT, "membership: min_size %d, max_size %d, timeout_s "
+                       "%g, settle_s %g: need 1 <= min_size <= max_size (or max_size 0), a positive "
+                       "timeout and a settle time >= 0", o->min_size, o->max_size, o->timeout_s,
+                       o->settle_s);
+    double start = cx_now_s();
+    for (;;) {
+        cfx_status st = join_round(m, m->round + 1, o, cx_now_s() + o->timeout_s);
+        if (st)
+            return st;
+        int rank = index_of(m->ids, m->n, m->id);
+        cx_log(log, CX_LOG_INFO, "membership", "round %d: member id %d is rank %d of %zu (%.3f s); "
+               "left since the world before: %s", m->round, m->id, rank, m->n,
+               cx_now_s() - start, m->left);
+        if (!(st = build_transport(m, out)))
+            return CFX_OK;
+        /* A member that died after the round included it (a driver stopping the workers of a
+         * blacklisted host) fails the world's rendezvous for everyone: the next round, which
+         * leaves it out, forms the world, with a deadline of its own. Any other failure is the
+         * caller's. */
+        char why[CX_ERROR_MAX];
+        snprintf(why, sizeof why, "%s", cx_error_message());
+        int who = -1;
+        if (first_gone(m->store, m->ids, m->n, m->id, &who) || who < 0)
+            return cx_fail(st, "%s", why);
+        cx_log(log, CX_LOG_WARNING, "membership", "round %d: member id %d was marked gone while "
+               "the world formed, so the next round forms it without that member (the world's "
+               "rendezvous said: %s)", m->round, who, why);
+    }
 }
 
 cfx_status cx_membership_pending(cx_membership *m, int *count)

@@ -11,6 +11,16 @@
 
 #define POLL_FIRST_NS 1000000L  /* 1 ms: a key set by a peer just now is seen quickly */
 #define POLL_MAX_NS 50000000L   /* 50 ms: a long wait costs no CPU to speak of */
+/* A watched view waits in slices this long and asks its watch between them: a member written off
+ * is noticed within about this much, and the slices cost a store request each, nothing more. */
+#define WATCH_SLICE_S 0.25
+
+static cfx_status not_set_in_time(const cx_store *s, const char *key, double timeout_s)
+{
+    return cx_fail(CFX_ERR_TIMEOUT, "rendezvous: key \"%s\" was not set in the %s within %g s (a "
+                   "rank that never arrived? CFX_RENDEZVOUS_TIMEOUT_S sets the deadline)", key,
+                   s->where, timeout_s);
+}
 
 cfx_status cx_store_wait(cx_store *s, const char *const *keys, size_t n, double timeout_s)
 {
@@ -28,9 +38,7 @@ cfx_status cx_store_wait(cx_store *s, const char *const *keys, size_t n, double 
             continue;
         }
         if (cx_now_s() >= deadline)
-            return cx_fail(CFX_ERR_TIMEOUT, "rendezvous: key \"%s\" was not set in the %s within "
-                           "%g s (a rank that never arrived? CFX_RENDEZVOUS_TIMEOUT_S sets the "
-                           "deadline)", keys[i], s->where, timeout_s);
+            return not_set_in_time(s, keys[i], timeout_s);
         struct timespec pause = {0, pause_ns};
         nanosleep(&pause, NULL);
         pause_ns = pause_ns * 2 > POLL_MAX_NS ? POLL_MAX_NS : pause_ns * 2;
@@ -63,6 +71,9 @@ typedef struct prefixed_store {
     cx_store *inner;
     int owns_inner;
     char prefix[256];
+    cfx_status (*watch)(void *arg); /* cx_store_prefixed_watch; NULL: waits are plain */
+    void *watch_arg;
+    void (*free_watch_arg)(void *arg);
 } prefixed_store;
 
 #define KEY_MAX 1024
@@ -107,6 +118,31 @@ static cfx_status prefixed_get(cx_store *s, const char *key, void **data, size_t
     return st ? st : p->inner->ops->get(p->inner, k, data, len);
 }
 
+/* The wait of a watched view: slices of WATCH_SLICE_S, the watch asked after each that timed out;
+ * at the deadline the first key still missing is named, as an unwatched wait names it. */
+static cfx_status watched_wait(prefixed_store *p, const char *const *full, size_t n,
+                               double timeout_s)
+{
+    double deadline = cx_now_s() + timeout_s;
+    for (;;) {
+        double left = deadline - cx_now_s();
+        cfx_status st = left > 0 ? cx_store_wait(p->inner, full, n, left < WATCH_SLICE_S ? left
+                                                 : WATCH_SLICE_S) : CFX_ERR_TIMEOUT;
+        if (st != CFX_ERR_TIMEOUT || (st = p->watch(p->watch_arg)))
+            return st;
+        if (cx_now_s() < deadline)
+            continue;
+        for (size_t i = 0; i < n; i++) {
+            int present = 0;
+            if ((st = p->inner->ops->check(p->inner, full[i], &present)))
+                return st;
+            if (!present)
+                return not_set_in_time(p->inner, full[i], timeout_s);
+        }
+        return CFX_OK; /* every key came at the last moment */
+    }
+}
+
 static cfx_status prefixed_wait(cx_store *s, const char *const *keys, size_t n, double timeout_s)
 {
     prefixed_store *p = (prefixed_store *)s;
@@ -119,7 +155,8 @@ static cfx_status prefixed_wait(cx_store *s, const char *const *keys, size_t n, 
             st = full_key(p, keys[i], full[i]);
     }
     if (!st)
-        st = cx_store_wait(p->inner, (const char *const *)full, n, timeout_s);
+        st = p->watch ? watched_wait(p, (const char *const *)full, n, timeout_s)
+                      : cx_store_wait(p->inner, (const char *const *)full, n, timeout_s);
     for (size_t i = 0; full && i < n; i++)
         free(full[i]);
     free(full);
@@ -131,6 +168,8 @@ static void prefixed_destroy(cx_store *s)
     prefixed_store *p = (prefixed_store *)s;
     if (p->owns_inner)
         cx_store_destroy(p->inner);
+    if (p->free_watch_arg)
+        p->free_watch_arg(p->watch_arg);
     free(p);
 }
 
@@ -178,6 +217,17 @@ cfx_status cx_store_prefixed(cx_store *base, const char *prefix, int owns_base, 
     snprintf(p->prefix, sizeof p->prefix, "%s", prefix);
     *out = &p->base;
     return CFX_OK;
+}
+
+void cx_store_prefixed_watch(cx_store *view, cfx_status (*watch)(void *arg), void *arg,
+                             void (*free_arg)(void *arg))
+{
+    prefixed_store *p = (prefixed_store *)view;
+    if (p->free_watch_arg)
+        p->free_watch_arg(p->watch_arg);
+    p->watch = watch;
+    p->watch_arg = arg;
+    p->free_watch_arg = free_arg;
 }
 
 /* ---- the store handed in through the ABI ------------------------------------------------------ */

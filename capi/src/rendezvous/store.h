@@ -75,6 +75,14 @@ void cx_store_interrupt(cx_store *s);
  * and interrupting the view leaves base alone. */
 cfx_status cx_store_prefixed(cx_store *base, const char *prefix, int owns_base, cx_store **out);
 
+/* Makes every wait through the prefixed view `view` give up early once watch(arg) returns a
+ * failure: the wait goes in slices of a quarter second, asks the watch after each, and returns
+ * the watch's failure. free_arg (may be NULL) frees arg with the view or the next watch. For a
+ * key space whose waits are pointless once something else is known: an elastic world forming
+ * while its launcher marks one of its members gone (engine/membership.c). */
+void cx_store_prefixed_watch(cx_store *view, cfx_status (*watch)(void *arg), void *arg,
+                             void (*free_arg)(void *arg));
+
 /* The store handed in through the ABI (the callbacks are copied; their user pointer is borrowed). */
 cfx_status cx_store_from_callbacks(const cfx_store_callbacks *cb, cx_store **out);
 
