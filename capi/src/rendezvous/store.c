@@ -12,7 +12,7 @@
 #define POLL_FIRST_NS 1000000L  /* 1 ms: a key set by a peer just now is seen quickly */
 #define POLL_MAX_NS 50000000L   /* 50 ms: a long wait costs no CPU to speak of */
 /* A watched view waits in slices this long and asks its watch between them: a member written off
- * is noticed within about this much, and the slices cost a store request each, nothing more. */
+ * is noticed within about this much, for one look a member a slice (membership.c's watch). */
 #define WATCH_SLICE_S 0.25
 
 static cfx_status not_set_in_time(const cx_store *s, const char *key, double timeout_s)
