@@ -397,8 +397,8 @@ static int marked_gone(void)
 }
 
 /* The last member leaves its world, says hello to the next round itself (no transport follows),
- * waits until the round decided a world that includes it, and exits as if stopped there; the launcher marks it
- * gone. The others' reform must still give a world of the rest. */
+ * waits until the round decided a world that includes it, and exits as if stopped there; the
+ * launcher marks it gone. The others' reform must still give a world of the rest. */
 static int gone_forming(void)
 {
     cfx_context *ctx = join(1);

@@ -135,14 +135,21 @@ static cfx_status present(cx_membership *m, const char *key, int *yes)
     return m->store->ops->check(m->store, key, yes);
 }
 
+/* Whether the launcher marked member `id` gone ("gone/<id>"). `store` is the "elastic/" view. */
+static cfx_status gone_of(cx_store *store, int id, int *yes)
+{
+    char key[KEY_MAX];
+    snprintf(key, sizeof key, "gone/%d", id);
+    return store->ops->check(store, key, yes);
+}
+
 static cfx_status hello_of(cx_membership *m, int round, int id, int *yes)
 {
-    char key[KEY_MAX], gone[KEY_MAX];
+    char key[KEY_MAX];
     snprintf(key, sizeof key, "r%d/hello/%d", round, id);
-    snprintf(gone, sizeof gone, "gone/%d", id);
     int is_gone = 0;
     cfx_status st = present(m, key, yes);
-    if (!st && *yes && !(st = present(m, gone, &is_gone)))
+    if (!st && *yes && !(st = gone_of(m->store, id, &is_gone)))
         *yes = !is_gone; /* said hello, then died: not a participant */
     return st;
 }
@@ -275,12 +282,10 @@ static cfx_status look(cx_membership *m, int round, int first_new, round_view *v
     v->waiting = 0;
     v->njoin = 0;
     for (size_t i = 0; !st && i < v->nprev; i++) {
-        char gone[KEY_MAX];
         st = hello_of(m, round, v->prev[i], &v->here[i]);
-        snprintf(gone, sizeof gone, "gone/%d", v->prev[i]);
         v->gone[i] = 0;
         if (!st && !v->here[i])
-            st = present(m, gone, &v->gone[i]);
+            st = gone_of(m->store, v->prev[i], &v->gone[i]);
         v->waiting += !v->here[i] && !v->gone[i];
         if (v->here[i] && first_prev < 0)
             first_prev = v->prev[i];
@@ -298,10 +303,8 @@ static cfx_status look(cx_membership *m, int round, int first_new, round_view *v
             !(st = hello_of(m, round, id, &yes)) && yes)
             v->joiners[v->njoin++] = id;
     }
-    char mine[KEY_MAX];
-    snprintf(mine, sizeof mine, "gone/%d", m->id);
     if (!st)
-        st = present(m, mine, &v->me_gone);
+        st = gone_of(m->store, m->id, &v->me_gone);
     v->accounted = v->waiting == 0;
     v->leader = first_prev;
     if (v->leader < 0 && v->accounted && v->njoin)
@@ -505,21 +508,19 @@ out:
  * the world's rendezvous; the others' waits for it end then, not at the rendezvous deadline. */
 typedef struct gone_watch {
     cx_store *store; /* the membership's "elastic/" view: it outlives every world's transport */
-    int round;
+    int round, self;
     size_t n;
-    int ids[]; /* the world's other members (this process left out) */
+    int ids[]; /* the world's members, in rank order */
 } gone_watch;
 
-/* The first of `ids` (n of them, this process left out) marked gone: *who its id, else -1. */
+/* The first of `ids` other than `self` marked gone: *who its id, else -1. */
 static cfx_status first_gone(cx_store *store, const int *ids, size_t n, int self, int *who)
 {
     *who = -1;
     cfx_status st = CFX_OK;
     for (size_t i = 0; !st && *who < 0 && i < n; i++) {
-        char key[KEY_MAX];
         int yes = 0;
-        snprintf(key, sizeof key, "gone/%d", ids[i]);
-        if (ids[i] != self && !(st = store->ops->check(store, key, &yes)) && yes)
+        if (ids[i] != self && !(st = gone_of(store, ids[i], &yes)) && yes)
             *who = ids[i];
     }
     return st;
@@ -529,7 +530,7 @@ static cfx_status watch_gone(void *arg)
 {
     gone_watch *w = arg;
     int who;
-    cfx_status st = first_gone(w->store, w->ids, w->n, -1, &who);
+    cfx_status st = first_gone(w->store, w->ids, w->n, w->self, &who);
     if (st || who < 0)
         return st;
     return cx_fail(CFX_ERR_MEMBERSHIP_CHANGED, "membership round %d: member id %d was marked gone "
@@ -549,10 +550,8 @@ static cfx_status build_transport(cx_membership *m, cx_transport **out)
         cx_store_destroy(view);
         return cx_fail(CFX_ERR_OUT_OF_MEMORY, "out of memory for round %d's world", m->round);
     }
-    *w = (gone_watch){.store = m->store, .round = m->round};
-    for (size_t i = 0; i < m->n; i++)
-        if (m->ids[i] != m->id)
-            w->ids[w->n++] = m->ids[i];
+    *w = (gone_watch){.store = m->store, .round = m->round, .self = m->id, .n = m->n};
+    memcpy(w->ids, m->ids, m->n * sizeof w->ids[0]);
     cx_store_prefixed_watch(view, watch_gone, w, free);
     cx_transport_params p = {.rank = index_of(m->ids, m->n, m->id), .size = (int)m->n,
                              .store = view, .timeout_s = m->transport_s,

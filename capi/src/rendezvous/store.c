@@ -124,23 +124,19 @@ static cfx_status watched_wait(prefixed_store *p, const char *const *full, size_
                                double timeout_s)
 {
     double deadline = cx_now_s() + timeout_s;
-    for (;;) {
-        double left = deadline - cx_now_s();
-        cfx_status st = left > 0 ? cx_store_wait(p->inner, full, n, left < WATCH_SLICE_S ? left
-                                                 : WATCH_SLICE_S) : CFX_ERR_TIMEOUT;
+    for (double left = timeout_s; left > 0; left = deadline - cx_now_s()) {
+        double slice = left < WATCH_SLICE_S ? left : WATCH_SLICE_S;
+        cfx_status st = cx_store_wait(p->inner, full, n, slice);
         if (st != CFX_ERR_TIMEOUT || (st = p->watch(p->watch_arg)))
             return st;
-        if (cx_now_s() < deadline)
-            continue;
-        for (size_t i = 0; i < n; i++) {
-            int present = 0;
-            if ((st = p->inner->ops->check(p->inner, full[i], &present)))
-                return st;
-            if (!present)
-                return not_set_in_time(p->inner, full[i], timeout_s);
-        }
-        return CFX_OK; /* every key came at the last moment */
     }
+    for (size_t i = 0; i < n; i++) {
+        int present = 0;
+        cfx_status st = p->inner->ops->check(p->inner, full[i], &present);
+        if (st || !present)
+            return st ? st : not_set_in_time(p->inner, full[i], timeout_s);
+    }
+    return CFX_OK; /* every key came at the last moment */
 }
 
 static cfx_status prefixed_wait(cx_store *s, const char *const *keys, size_t n, double timeout_s)
