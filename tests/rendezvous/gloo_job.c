@@ -7,6 +7,10 @@
  *   gloo_job SIZE --until-failure allreduces until one fails (a peer was killed or stopped by the
  *                                 test); prints the status, the message and the seconds from the
  *                                 last good step to the error and to cfx_shutdown's return
+ *   gloo_job SIZE --leave         after one checked allreduce all but the last rank end the
+ *                                 world and check that cfx_shutdown + cfx_context_free wait for no
+ *                                 goodbye; the last rank sees its world end and exits without
+ *                                 cfx_shutdown (a store the launcher serves outlives the world)
  *   gloo_job SIZE --time          rank 0 prints the median time of a lone 4-byte allreduce (500
  *                                 calls) and of a 64 MiB float32 allreduce (5 calls), for comparing
  *                                 launchers and transports on one machine (not a test)
@@ -206,11 +210,52 @@ static int until_failure(cfx_context *ctx)
     }
 }
 
+static int leave_without_goodbye(cfx_context *ctx, int n)
+{
+    float x = (float)(my_rank + 1);
+    const int64_t shape[1] = {1};
+    cfx_tensor t = vec(&x, shape, CFX_FLOAT32);
+    cfx_handle h = 0;
+    cfx_status st = cfx_allreduce_async(ctx, "before.leaving", &t, &x, CFX_OP_SUM, 1.0, 1.0, &h);
+    if (!st)
+        st = cfx_wait(ctx, h, 120.0);
+    CHECK(!st, "allreduce: %s", cfx_status_string(st));
+    CHECK(x == (float)(n * (n + 1) / 2), "allreduce gave %g, expected %d", x, n * (n + 1) / 2);
+    cfx_handle_release(ctx, h);
+    if (my_rank == n - 1) {
+        /* An allreduce nobody else submits: it ends when the others' shutdown ends the world
+         * (no peer lost), and this rank leaves without its own cfx_shutdown. */
+        h = 0;
+        st = cfx_allreduce_async(ctx, "after.the.end", &t, &x, CFX_OP_SUM, 1.0, 1.0, &h);
+        if (!st)
+            st = cfx_wait(ctx, h, 120.0);
+        CHECK(st != CFX_OK && st != CFX_ERR_TIMEOUT, "the world did not end: %s",
+              cfx_status_string(st));
+        printf("gloo_job: rank %d leaves without cfx_shutdown (%s)\n", my_rank,
+               cfx_status_string(st));
+        fflush(stdout);
+        _exit(failures ? 1 : 0);
+    }
+    /* Ending the world must not wait for the last rank's goodbye: not for the rendezvous deadline
+     * (the test sets it long), which is what a wait for a goodbye that never comes would take. */
+    const char *deadline = getenv("CFX_RENDEZVOUS_TIMEOUT_S");
+    double bound = (deadline ? atof(deadline) : 60.0) / 2;
+    double start = now_s();
+    CHECK(cfx_shutdown(ctx) == CFX_OK, "shutdown: %s", cfx_last_error());
+    cfx_context_free(ctx);
+    double took = now_s() - start;
+    printf("gloo_job: rank %d ended its world in %.2f s\n", my_rank, took);
+    CHECK(took < bound, "cfx_shutdown + cfx_context_free took %.2f s (bound %.0f s): it waited for "
+          "the goodbye of a rank that left", took, bound);
+    printf("gloo_job: rank %d of %d %s\n", my_rank, n, failures ? "FAILED" : "ok");
+    return failures ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc < 2) {
-        fprintf(stderr, "usage: gloo_job SIZE [--until-failure]\n");
+        fprintf(stderr, "usage: gloo_job SIZE [--until-failure|--leave|--time]\n");
         return 2;
     }
     int want = atoi(argv[1]);
@@ -225,6 +270,8 @@ int main(int argc, char **argv)
     CHECK(n == want, "size %d, expected %d", n, want);
     if (argc > 2 && !strcmp(argv[2], "--until-failure"))
         return until_failure(ctx);
+    if (argc > 2 && !strcmp(argv[2], "--leave"))
+        return leave_without_goodbye(ctx, n);
     if (argc > 2 && !strcmp(argv[2], "--time"))
         return timings(ctx);
     collectives(ctx, n);

@@ -563,13 +563,17 @@ void release_root(Root *root)
     if (--root->refs > 0)
         return;
     stop_heartbeat(root);
-    /* Rank 0 may serve the TCP store: it waits until every rank has said it is done with the store
-     * (bounded by the rendezvous deadline) before the server goes away under them. After a peer
-     * was lost nobody waits for it. */
-    std::string mine = "world-done/" + std::to_string(root->world_rank);
-    if (!root->broken)
+    /* Where rank 0 serves the TCP store, it waits until every rank has said it is done with the
+     * store (bounded by the rendezvous deadline) before the server goes away under them. After a
+     * peer was lost nobody waits for it. A store served by someone else (a launcher, a driver, a
+     * file store) outlives the world without it: there rank 0 must not wait, or a rank that left
+     * without its goodbye would hold rank 0's shutdown for the whole rendezvous deadline. */
+    bool goodbye = root->store_on_rank0 && !root->broken;
+    if (goodbye) {
+        std::string mine = "world-done/" + std::to_string(root->world_rank);
         cx_store_set(root->store, mine.c_str(), "", 0);
-    if (root->world_rank == 0 && !root->broken) {
+    }
+    if (root->world_rank == 0 && goodbye) {
         std::vector<std::string> keys;
         std::vector<const char *> k;
         for (int r = 0; r < root->world_size; r++)
