@@ -19,6 +19,12 @@
  * callback chained on a future; dropping a tensor that Python also holds), which is why close()
  * lets it go while it joins that thread.
  *
+ * CUDA tensors (where Conflux and the torch wheel are both CUDA builds: CFX_TORCH_CUDA, set by
+ * python/torch_c10d.cmake): allreduce, allreduce_coalesced and broadcast take contiguous CUDA
+ * tensors and hand the engine the caller's current stream (the engine's device path orders its work
+ * after that stream's and the stream after its own, docs/architecture.md "Device tensors"); the
+ * other collectives refuse them, naming the op.
+ *
  * Reduce, gather and scatter run as the engine's allreduce, allgather and broadcast (the engine has
  * no rooted collectives); send and recv raise (no point-to-point). Names are NULL: the engine
  * generates them per context in submission order, so ranks must issue a group's collectives in
@@ -51,6 +57,13 @@
 
 #include "conflux/conflux.h"
 #include "torch_dtype.h"
+
+#ifdef CFX_TORCH_CUDA
+#include <c10/cuda/CUDAStream.h>
+constexpr bool kCudaBuild = true;
+#else
+constexpr bool kCudaBuild = false;
+#endif
 
 namespace py = pybind11;
 
@@ -92,16 +105,31 @@ at::ScalarType scalar_of(int32_t dtype)
     }
 }
 
+/* The collectives that take CUDA tensors (in place, on the caller's stream). */
+bool takes_cuda(const char *op)
+{
+    return kCudaBuild && (!strcmp(op, "allreduce") || !strcmp(op, "allreduce_coalesced") ||
+                          !strcmp(op, "broadcast"));
+}
+
 /* Refuses what the engine cannot take, naming the op and the tensor. */
 void check_tensor(const char *op, const char *what, const at::Tensor &t)
 {
     if (!t.defined())
         fail_value(std::string("conflux backend: ") + op + ": " + what + " is undefined");
-    if (!t.is_cpu() || t.layout() != at::kStrided)
+    bool cuda = t.is_cuda() && takes_cuda(op);
+    if ((!t.is_cpu() && !cuda) || t.layout() != at::kStrided)
         fail_value(std::string("conflux backend: ") + op + ": " + what + " is on " +
                    t.device().str() + " with layout " + c10::str(t.layout()) +
-                   "; the backend is registered for dense CPU tensors (use a cpu:conflux,cuda:... "
-                   "backend string for device tensors)");
+                   (kCudaBuild ? "; the backend takes dense CPU tensors, and dense CUDA tensors in "
+                                 "allreduce, allreduce_coalesced and broadcast (use a "
+                                 "cpu:conflux,cuda:nccl backend string for the others)"
+                               : "; this build of the backend takes dense CPU tensors (use a "
+                                 "cpu:conflux,cuda:... backend string for device tensors)"));
+    if (cuda && !t.is_contiguous())
+        fail_value(std::string("conflux backend: ") + op + ": " + what + " on " +
+                   t.device().str() + " is not contiguous; CUDA tensors are reduced in place "
+                   "(pass .contiguous() and read the result there)");
     if (cfx_dtype_of(t.scalar_type()) < 0)
         fail_value(std::string("conflux backend: ") + op + ": " + what + " has dtype " +
                    c10::toString(t.scalar_type()) + ", which the engine does not reduce or move");
@@ -134,9 +162,17 @@ struct Desc {
     cfx_tensor d;
     explicit Desc(at::Tensor x) : t(std::move(x)), shape(t.sizes().begin(), t.sizes().end())
     {
+        int32_t device = CFX_DEVICE_CPU;
+        void *stream = nullptr;
+#ifdef CFX_TORCH_CUDA
+        if (t.is_cuda()) { /* the engine orders its work after the caller's current stream */
+            device = t.get_device();
+            stream = c10::cuda::getCurrentCUDAStream(t.get_device()).stream();
+        }
+#endif
         d = cfx_tensor{t.numel() ? t.data_ptr() : nullptr, shape.data(),
-                       static_cast<int32_t>(shape.size()), cfx_dtype_of(t.scalar_type()),
-                       CFX_DEVICE_CPU, nullptr};
+                       static_cast<int32_t>(shape.size()), cfx_dtype_of(t.scalar_type()), device,
+                       stream};
     }
 };
 
@@ -1183,6 +1219,7 @@ private:
 PYBIND11_MODULE(_torch_c10d, m)
 {
     m.doc() = "torch.distributed's backend \"conflux\" as a native c10d::Backend (torch_c10d.cpp)";
+    m.attr("CUDA") = kCudaBuild; /* takes CUDA tensors (conflux.torch_backend registers "cuda") */
     py::module_::import("torch._C._distributed_c10d");
     py::register_exception_translator([](std::exception_ptr p) {
         try {

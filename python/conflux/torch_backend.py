@@ -5,7 +5,7 @@ on torch.distributed run on it. `import conflux.torch` registers it (once per in
 The backend itself is native: conflux._torch_c10d (bindings/python/torch_c10d.cpp), a c10d::Backend
 subclass calling the C ABI, its Work objects and the thread that completes them. This module owns
 what is Python's: the registration (torch.distributed.Backend.register_backend for device "cpu",
-extended API), the creator that torch calls with each group's options (the default group: the
+and "cuda" where the native backend takes CUDA tensors: `devices()`; extended API), the creator that torch calls with each group's options (the default group: the
 job's context conflux._core holds, after checking that torch's rank and size are the engine's; a
 dist.new_group or split_group: a context of the group's own, made by the members only through the
 group's store, cfx_init_group), the rendezvous "conflux://" (the engine hands rank 0's address to
@@ -205,11 +205,22 @@ ddp_hooks = types.SimpleNamespace(shared_memory_hook=shared_memory_hook, **{
 
 
 # ---- registration ----
+def devices():
+    """The devices the backend is registered for: "cpu", and "cuda" where the native backend was
+    built against a CUDA torch and the engine has CUDA (allreduce, allreduce_coalesced and
+    broadcast of CUDA tensors, on the caller's current stream; the other collectives refuse them,
+    naming the op). One backend object serves both devices of a group (torch registers one
+    backend for every device that maps to the same name)."""
+    cuda = (_torch_c10d is not None and getattr(_torch_c10d, "CUDA", False)
+            and _core.features().get("cuda", False))
+    return ["cpu", "cuda"] if cuda else ["cpu"]
+
+
 def register():
-    """Registers the backend for device "cpu" and the conflux:// rendezvous (conflux.torch calls it
+    """Registers the backend for `devices()` and the conflux:// rendezvous (conflux.torch calls it
     when imported); a second call does nothing (torch asserts on a second register_backend)."""
     if getattr(dist.Backend, BACKEND.upper(), None) is None:  # register_backend sets it
-        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=devices())
     try:
         register_rendezvous_handler(BACKEND, _conflux_rendezvous)
     except RuntimeError:  # registered by an earlier import (e.g. a reloaded module)
