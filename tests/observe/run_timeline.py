@@ -94,11 +94,12 @@ def main():
     r = subprocess.run(check + files)
     if r.returncode != 0:
         return r.returncode
-    tool = os.path.join(HERE, "..", "..", "tools", "cfx-timeline")
+    # under this interpreter (the project's environment, with matplotlib), not the shebang's
+    tool = [sys.executable, os.path.join(HERE, "..", "..", "tools", "cfx-timeline")]
     if mode == "kill":  # the summary works on the files of a killed job
-        return subprocess.run([tool, "--top", "3", "--merge", os.path.join(outdir, "merged.json")]
+        return subprocess.run(tool + ["--top", "3", "--merge", os.path.join(outdir, "merged.json")]
                               + files).returncode
-    p = subprocess.run([tool, "--top", "3", "--png", os.path.join(outdir, "steps.png"),
+    p = subprocess.run(tool + ["--top", "3", "--png", os.path.join(outdir, "steps.png"),
                         "--merge", os.path.join(outdir, "merged.json")] + files,
                        stdout=subprocess.PIPE, text=True)
     print(p.stdout)

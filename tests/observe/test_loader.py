@@ -45,8 +45,7 @@ except ValueError:
 with tempfile.TemporaryDirectory() as d:
     a, m, png = os.path.join(d, "a.json"), os.path.join(d, "m.json"), os.path.join(d, "p.png")
     open(a, "w").write(body + ',{"name":"QUEUED","cat":"que')
-    tool = tlcheck.TOOL
-    r = subprocess.run([tool, a, "--merge", m, "--png", png], capture_output=True,
+    r = subprocess.run(tlcheck.COMMAND + [a, "--merge", m, "--png", png], capture_output=True,
                        text=True)
     assert r.returncode == 0, r.stderr
     assert "cut short" in r.stderr and "no closing bracket" in r.stderr, r.stderr

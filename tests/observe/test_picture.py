@@ -185,22 +185,22 @@ class Picture(unittest.TestCase, Checks):
         with tempfile.TemporaryDirectory() as d:
             files = job.files(d)
             png = os.path.join(d, "steps.png")
-            r = subprocess.run([tlcheck.TOOL] + files + ["--png", png], capture_output=True,
+            r = subprocess.run(tlcheck.COMMAND + files + ["--png", png], capture_output=True,
                                text=True)
             self.assertEqual(r.returncode, 0, r.stderr)
             with open(png, "rb") as f:
                 self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
             self.assertIn("steps: 20, found from the tensor set that repeats most", r.stdout)
             self.assertIn("4 times, every 5 steps", r.stdout)
-            r = subprocess.run([tlcheck.TOOL] + files + ["--png", png, "--step", "20"],
+            r = subprocess.run(tlcheck.COMMAND + files + ["--png", png, "--step", "20"],
                                capture_output=True, text=True)
             self.assertEqual(r.returncode, 1)
             self.assertIn("--step 20: the timeline has steps 0..19", r.stderr)
-            r = subprocess.run([tlcheck.TOOL, os.path.join(d, "missing.json")],
+            r = subprocess.run(tlcheck.COMMAND + [os.path.join(d, "missing.json")],
                                capture_output=True, text=True)
             self.assertEqual(r.returncode, 1)
             self.assertIn("missing.json", r.stderr)
-            r = subprocess.run([tlcheck.TOOL] + files + ["--json"], capture_output=True, text=True)
+            r = subprocess.run(tlcheck.COMMAND + files + ["--json"], capture_output=True, text=True)
             s = json.loads(r.stdout)
             self.assertEqual(s["step_finder"]["count"], 20)
 

@@ -15,6 +15,9 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOOLS = os.path.normpath(os.path.join(HERE, "..", "..", "tools"))
 TOOL = os.path.join(TOOLS, "cfx-timeline")
+# The tool as the tests run it: under the interpreter running the test (the project's environment,
+# where matplotlib is pinned for --png), not its shebang's /usr/bin/python3, which may lack it.
+COMMAND = [sys.executable, TOOL]
 
 
 def load_package():
