@@ -5,10 +5,11 @@ on torch.distributed run on it. `import conflux.torch` registers it (once per in
 The backend itself is native: conflux._torch_c10d (bindings/python/torch_c10d.cpp), a c10d::Backend
 subclass calling the C ABI, its Work objects and the thread that completes them. This module owns
 what is Python's: the registration (torch.distributed.Backend.register_backend for device "cpu",
-and "cuda" where the native backend takes CUDA tensors: `devices()`; extended API), the creator that torch calls with each group's options (the default group: the
-job's context conflux._core holds, after checking that torch's rank and size are the engine's; a
-dist.new_group or split_group: a context of the group's own, made by the members only through the
-group's store, cfx_init_group), the rendezvous "conflux://" (the engine hands rank 0's address to
+and "cuda" where the native backend takes CUDA tensors: `devices()`; extended API), the creator
+that torch calls with each group's options (the default group: the job's context conflux._core
+holds, after checking that torch's rank and size are the engine's; a dist.new_group or
+split_group: a context of the group's own, made by the members only through the group's store,
+cfx_init_group), the rendezvous "conflux://" (the engine hands rank 0's address to
 the other ranks, so a job started by mpirun or cfxrun needs no MASTER_ADDR), and DDP's
 communication hooks (`ddp_hooks`: the wire-compressed ones and the shared-memory one, which moves
 DDP's buckets into shared tensor memory). torch is not patched: env:// stays torch's (it needs
