@@ -218,17 +218,16 @@ static int leave_without_goodbye(cfx_context *ctx, int n)
     cfx_handle h = 0;
     cfx_status st = cfx_allreduce_async(ctx, "before.leaving", &t, &x, CFX_OP_SUM, 1.0, 1.0, &h);
     if (!st)
-        st = cfx_wait(ctx, h, 120.0);
+        st = finish(ctx, h);
     CHECK(!st, "allreduce: %s", cfx_status_string(st));
     CHECK(x == (float)(n * (n + 1) / 2), "allreduce gave %g, expected %d", x, n * (n + 1) / 2);
-    cfx_handle_release(ctx, h);
     if (my_rank == n - 1) {
         /* An allreduce nobody else submits: it ends when the others' shutdown ends the world
          * (no peer lost), and this rank leaves without its own cfx_shutdown. */
         h = 0;
         st = cfx_allreduce_async(ctx, "after.the.end", &t, &x, CFX_OP_SUM, 1.0, 1.0, &h);
         if (!st)
-            st = cfx_wait(ctx, h, 120.0);
+            st = finish(ctx, h);
         CHECK(st != CFX_OK && st != CFX_ERR_TIMEOUT, "the world did not end: %s",
               cfx_status_string(st));
         printf("gloo_job: rank %d leaves without cfx_shutdown (%s)\n", my_rank,
