@@ -19,6 +19,8 @@ import shutil
 import subprocess
 import sys
 
+import tlcheck  # this folder: the tool and how the tests run it
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = 4
 # The tuner settles after 13 candidates x (1 warm-up + 3 measured) windows of 0.05 s: 2.6 s of
@@ -98,8 +100,7 @@ def main():
     r = subprocess.run(check + files)
     if r.returncode != 0:
         return r.returncode
-    # under this interpreter (the project's environment, with matplotlib), not the shebang's
-    tool = [sys.executable, os.path.join(HERE, "..", "..", "tools", "cfx-timeline")]
+    tool = tlcheck.COMMAND
     if mode == "kill":  # the summary works on the files of a killed job
         return subprocess.run(tool + ["--top", "3", "--merge", os.path.join(outdir, "merged.json")]
                               + files).returncode
